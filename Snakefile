@@ -1,0 +1,25 @@
+# fedrepro: regenerate four federated-learning papers' tables and figures end to end.
+# Thin on purpose: the stages live in workflow/rules, the logic in src/fedrepro.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+report: "workflow/report/workflow.rst"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/partition.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/aggregate.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    input:
+        artifacts(),
+    default_target: True

@@ -1,0 +1,3 @@
+"""fedrepro: regenerate federated-learning papers end to end."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,67 @@
+"""The hooks of a federated method. The base class *is* FedAvg; a method overrides only what it changes.
+
+Client side: ``local_loss`` (the objective on one batch), ``correct_grad`` (gradient terms that need no
+autograd: proximal pulls, control variates, drift), ``upload`` (what the client sends).
+Server side: ``server_begin`` / ``server_receive`` / ``server_end`` stream the sampled clients' uploads
+into the next global vector, so a round holds O(params) memory however many clients it samples.
+Everything that must survive a checkpoint lives in ``self.state`` (tensors or dicts of tensors keyed
+by client id).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class Client:
+    """What a hook knows about the client it runs for."""
+
+    cid: int
+    round: int
+    w_start: torch.Tensor  # the global vector this client started from (read-only)
+    num_samples: int
+    steps: int = 0  # local SGD steps taken so far
+
+
+class Algorithm:
+    """FedAvg (McMahan et al., 2017): local SGD, weighted average of the client models."""
+
+    name: ClassVar[str] = "fedavg"
+
+    def __init__(self) -> None:
+        self.state: dict = {}
+
+    def setup(self, num_params: int, num_clients: int, device: torch.device) -> None:
+        """Called once before round 1 (and before a checkpoint's state is loaded)."""
+        self.num_params, self.num_clients, self.device = num_params, num_clients, device
+
+    # ----- client side
+    def local_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, client: Client) -> torch.Tensor:
+        return F.cross_entropy(model(x), y)
+
+    def correct_grad(self, w: torch.Tensor, g: torch.Tensor, client: Client) -> None:
+        """Add gradient terms to ``g`` in place (before weight decay and momentum)."""
+
+    def upload(self, client: Client, w_end: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"delta": w_end - client.w_start}
+
+    def download(self, cid: int) -> dict[str, torch.Tensor]:
+        """State a client receives besides the global model (counted in bytes down)."""
+        return {}
+
+    # ----- server side
+    def server_begin(self, w_global: torch.Tensor, sampled: np.ndarray, weights: np.ndarray) -> None:
+        self._sum = torch.zeros_like(w_global)
+
+    def server_receive(self, cid: int, upload: dict[str, torch.Tensor], weight: float) -> None:
+        self._sum.add_(upload["delta"], alpha=float(weight))
+
+    def server_end(self, w_global: torch.Tensor) -> torch.Tensor:
+        return w_global + self._sum

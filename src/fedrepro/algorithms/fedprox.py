@@ -1,0 +1,17 @@
+"""FedProx (Li et al., 2020): local objective + (mu/2) ||w - w_global||^2."""
+
+import torch
+
+from fedrepro.algorithms.base import Algorithm, Client
+
+
+class FedProx(Algorithm):
+    name = "fedprox"
+
+    def __init__(self, mu: float = 0.01) -> None:
+        super().__init__()
+        self.mu = mu
+
+    def correct_grad(self, w: torch.Tensor, g: torch.Tensor, client: Client) -> None:
+        # gradient of the proximal term, added analytically: no second forward pass
+        g.add_(w - client.w_start, alpha=self.mu)

@@ -1,0 +1,193 @@
+"""Config and study files: schema validation with defaults, semantic checks, and the grid of runs.
+
+Everything about a paper lives in its study file; this module only resolves it. Errors name the file,
+the key path, the bad value and what would have been accepted.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEMAS = REPO / "workflow" / "schemas"
+TRAINING_KEYS = ("rounds", "local_epochs", "batch_size", "lr", "momentum", "weight_decay", "join_ratio",
+                 "eval_every", "last_k", "checkpoint_every")
+
+
+class ConfigError(ValueError):
+    """A config or study file that cannot be used; the message says where and why."""
+
+
+@cache
+def _schema(name: str) -> dict:
+    return yaml.safe_load((SCHEMAS / f"{name}.schema.yaml").read_text())
+
+
+def _with_defaults(cls):
+    """A validator class that also fills in schema defaults (the one place defaults live)."""
+    validate_properties = cls.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for key, sub in properties.items():
+                if "default" in sub and key not in instance:
+                    instance[key] = copy.deepcopy(sub["default"])
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(cls, {"properties": set_defaults})
+
+
+_Validator = _with_defaults(jsonschema.Draft7Validator)
+
+
+def _key_path(path) -> str:
+    return ".".join(str(p) for p in path) or "<top level>"
+
+
+def _describe(error: jsonschema.ValidationError, prefix: str) -> str:
+    where = _key_path([*(prefix.split(".") if prefix else []), *error.absolute_path])
+    if error.validator == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        extra = sorted(set(error.instance) - set(allowed))
+        hints = []
+        for key in extra:
+            close = difflib.get_close_matches(key, allowed, n=1)
+            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        return f"{where}: unknown key {', '.join(hints)}; allowed keys: {allowed}"
+    if error.validator == "enum":
+        close = difflib.get_close_matches(str(error.instance), [str(v) for v in error.validator_value], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return f"{where}: {error.instance!r} is not one of {error.validator_value}{hint}"
+    if error.validator == "required":
+        return f"{where}: {error.message}"
+    return f"{where}: {error.message}"
+
+
+def validate(instance: dict, schema_name: str, source: str, prefix: str = "") -> dict:
+    """Validate ``instance`` in place against a schema in workflow/schemas, filling defaults."""
+    errors = sorted(_Validator(_schema(schema_name)).iter_errors(instance), key=lambda e: list(e.path))
+    if errors:
+        raise ConfigError(f"{source}: " + "; ".join(_describe(e, prefix) for e in errors[:5]))
+    # a second pass fills defaults inside objects that were themselves created from defaults
+    _Validator(_schema(schema_name)).validate(instance)
+    return instance
+
+
+def load_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: file not found")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def resolve_config(config: dict, source: str = "config", root: Path = REPO) -> dict:
+    """Validate the top-level config and each study (loading study files), returning a resolved copy."""
+    config = copy.deepcopy(config)
+    validate(config, "config", source)
+    studies = {}
+    for name, entry in config["studies"].items():
+        if isinstance(entry, str):
+            path = Path(entry) if Path(entry).is_absolute() else root / entry
+            study, where, prefix = load_yaml(path), str(entry), ""
+        else:
+            study, where, prefix = copy.deepcopy(entry), source, f"studies.{name}"
+        validate(study, "study", where, prefix)
+        check_study(name, study, where, prefix)
+        study["name"] = name
+        studies[name] = study
+    config["studies"] = studies
+    return config
+
+
+def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
+    """Cross-references the schema cannot express: names that must exist, tables the grid must produce."""
+    from fedrepro.algorithms import ALGORITHMS, hyperparameters
+    from fedrepro.data.registry import DATASETS
+    from fedrepro.models import MODELS
+
+    def fail(key: str, msg: str) -> None:
+        raise ConfigError(f"{source}: {_key_path([p for p in (prefix, key) if p])}: {msg}")
+
+    def known(key: str, value: str, options, what: str) -> None:
+        if value not in options:
+            close = difflib.get_close_matches(value, list(options), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            fail(key, f"unknown {what} {value!r}{hint}; known: {sorted(options)}")
+
+    for s, setting in study["settings"].items():
+        known(f"settings.{s}.dataset", setting["dataset"], DATASETS, "data set")
+        known(f"settings.{s}.model", setting["model"], MODELS, "model")
+        part = setting["partition"]
+        need = {"dirichlet": "beta", "pathological": "classes_per_client"}.get(part["kind"])
+        if need and need not in part:
+            fail(f"settings.{s}.partition", f"kind {part['kind']!r} needs key {need!r}")
+    for m, method in study["methods"].items():
+        known(f"methods.{m}.algorithm", method["algorithm"], ALGORITHMS, "algorithm")
+        allowed = hyperparameters(method["algorithm"])
+        for key in method["hparams"]:
+            if key not in allowed:
+                close = difflib.get_close_matches(key, list(allowed), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                fail(f"methods.{m}.hparams", f"{method['algorithm']} has no hyper-parameter {key!r}{hint}; "
+                     f"it accepts {sorted(allowed)}")
+    runs = set()
+    for i, block in enumerate(study["grid"]):
+        for s in block["settings"]:
+            known(f"grid.{i}.settings", s, study["settings"], "setting")
+        for m in block["methods"]:
+            known(f"grid.{i}.methods", m, study["methods"], "method")
+        runs.update((s, m) for s in block["settings"] for m in block["methods"])
+    for t, table in study["tables"].items():
+        for row in table["rows"]:
+            for col in table["columns"]:
+                if (col["setting"], row["method"]) not in runs:
+                    fail(f"tables.{t}", f"cell ({row['method']}, {col['setting']}) names a run the grid "
+                         "does not produce; add it to `grid` or remove it from the table")
+    for f, fig in study["figures"].items():
+        for s in fig["settings"]:
+            for m in fig["methods"]:
+                if (s, m) not in runs:
+                    fail(f"figures.{f}", f"({m}, {s}) is not a run of the grid")
+
+
+def grid_runs(study: dict) -> list[tuple[str, str]]:
+    """(setting, method) pairs of the study, in grid order, without duplicates."""
+    seen: dict[tuple[str, str], None] = {}
+    for block in study["grid"]:
+        for s in block["settings"]:
+            for m in block["methods"]:
+                seen[(s, m)] = None
+    return list(seen)
+
+
+def run_spec(study: dict, setting: str, method: str) -> dict[str, Any]:
+    """Everything one train job needs, fully resolved (the job fingerprints exactly this)."""
+    s, m = study["settings"][setting], study["methods"][method]
+    training = {k: study["defaults"][k] for k in TRAINING_KEYS}
+    training.update(s.get("training", {}))
+    training.update(m.get("training", {}))
+    return {
+        "study": study["name"], "setting": setting, "method": method,
+        "dataset": s["dataset"], "partition": s["partition"], "model": s["model"],
+        "image_size": s.get("image_size"), "channels": s.get("channels"),
+        "algorithm": m["algorithm"], "hparams": m["hparams"], "weighting": m["weighting"],
+        "training": training,
+    }
+
+
+def label_of(study: dict, kind: str, key: str) -> str:
+    """Display label of a method or setting (its `label`, else its key)."""
+    return study[kind][key].get("label", key)

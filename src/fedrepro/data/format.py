@@ -1,0 +1,123 @@
+"""The prepared data set format: one .npz file with train/test arrays and a JSON `meta` record.
+
+Arrays: ``x_train``/``x_test`` (uint8 images [N, H, W, C]), ``y_train``/``y_test`` (int64 [N]) and
+``meta``, a 0-d str array holding JSON with the keys name, num_classes, classes, shape, source, sha256
+(and optionally license). The file is read without pickle. This module must stay free of torch: light
+Snakemake rules import it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ARRAY_KEYS = ("x_train", "y_train", "x_test", "y_test")
+REQUIRED_META = ("name", "num_classes", "classes", "shape", "source")
+
+
+class PreparedFormatError(ValueError):
+    """A prepared .npz file (or the arrays about to be written) breaks the format."""
+
+
+@dataclass(frozen=True, eq=False)
+class Prepared:
+    """A loaded prepared data set (eq=False: arrays do not compare as a single bool)."""
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    meta: dict[str, Any]
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes as recorded in meta."""
+        return int(self.meta["num_classes"])
+
+
+def arrays_sha256(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray) -> str:
+    """Hex SHA-256 over the four arrays, in a fixed order, each as name, dtype, shape and C-order bytes.
+
+    dtype and shape are hashed too, so that the same bytes reshaped or reinterpreted do not collide.
+    """
+    h = hashlib.sha256()
+    for key, arr in zip(ARRAY_KEYS, (x_train, y_train, x_test, y_test), strict=True):
+        arr = np.ascontiguousarray(arr)
+        h.update(f"{key}|{arr.dtype.str}|{arr.shape}|".encode())
+        h.update(arr.data)
+    return h.hexdigest()
+
+
+def _check(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
+           meta: dict[str, Any], where: str) -> None:
+    missing = [k for k in REQUIRED_META if k not in meta]
+    if missing:
+        raise PreparedFormatError(f"{where}: meta lacks {missing}")
+    if len(meta["classes"]) != meta["num_classes"]:
+        raise PreparedFormatError(f"{where}: {len(meta['classes'])} class names for "
+                                  f"num_classes={meta['num_classes']}")
+    for split, x, y in (("train", x_train, y_train), ("test", x_test, y_test)):
+        if x.dtype != np.uint8 or y.dtype != np.int64:
+            raise PreparedFormatError(f"{where}: x_{split} must be uint8 and y_{split} int64, "
+                                      f"got {x.dtype} and {y.dtype}")
+        if y.ndim != 1 or len(x) != len(y):
+            raise PreparedFormatError(f"{where}: x_{split} has {len(x)} rows, y_{split} shape {y.shape}")
+        if list(x.shape[1:]) != list(meta["shape"]):
+            raise PreparedFormatError(f"{where}: x_{split} samples have shape {list(x.shape[1:])}, "
+                                      f"meta says {meta['shape']}")
+        if len(y) and (y.min() < 0 or y.max() >= meta["num_classes"]):
+            raise PreparedFormatError(f"{where}: y_{split} outside 0..{meta['num_classes'] - 1}")
+
+
+def save_prepared(path: Path | str, x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray,
+                  y_test: np.ndarray, meta: dict[str, Any]) -> dict[str, Any]:
+    """Validate, fill ``meta['sha256']`` and write the .npz atomically; return the meta written."""
+    path = Path(path)
+    # Labels are stored as little-endian int64 whatever the parser produced, so the digest is portable.
+    y_train = np.asarray(y_train, dtype="<i8")
+    y_test = np.asarray(y_test, dtype="<i8")
+    x_train, x_test = np.asarray(x_train), np.asarray(x_test)
+    meta = {**meta, "shape": [int(s) for s in meta["shape"]]} if "shape" in meta else dict(meta)
+    _check(x_train, y_train, x_test, y_test, meta, str(path))
+    meta["sha256"] = arrays_sha256(x_train, y_train, x_test, y_test)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Temp file in the same directory, then os.replace: a killed job never leaves a half-written .npz
+    # that a later rule would trust.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test,
+                     meta=np.array(json.dumps(meta, sort_keys=True)))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return meta
+
+
+def load_prepared(path: Path | str) -> Prepared:
+    """Load a prepared .npz, checking its keys and its sha256; errors name the file."""
+    path = Path(path)
+    with np.load(path, allow_pickle=False) as z:
+        missing = [k for k in (*ARRAY_KEYS, "meta") if k not in z.files]
+        if missing:
+            raise PreparedFormatError(f"{path}: not a prepared data set, missing arrays {missing}")
+        arrays = {k: z[k] for k in ARRAY_KEYS}
+        meta = json.loads(str(z["meta"][()]))
+    if "sha256" not in meta:
+        raise PreparedFormatError(f"{path}: meta has no sha256")
+    _check(*arrays.values(), meta, str(path))
+    actual = arrays_sha256(*arrays.values())
+    if actual != meta["sha256"]:
+        raise PreparedFormatError(f"{path}: sha256 mismatch (meta says {meta['sha256']}, arrays hash to "
+                                  f"{actual}); the file is corrupt, delete it and prepare it again")
+    return Prepared(**arrays, meta=meta)

@@ -1,0 +1,81 @@
+"""The data set registry: every data set the studies may name, how to download and prepare it.
+
+Importing this module costs only numpy: scikit-learn, PIL and scipy are imported inside the functions
+that need them, and torch is never imported by fedrepro.data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from fedrepro.data import embedded, vision
+from fedrepro.data.format import save_prepared
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """One data set: `download(raw_dir, mirror=None, checksums=None)` and `prepare(raw_dir)`."""
+
+    name: str
+    needs_download: bool
+    download: Callable[..., list[Path]] | None
+    prepare: Callable[..., tuple[Any, ...]]
+    manual_instructions: str | None
+
+
+def _manual(name: str) -> str:
+    src = vision.SOURCES[name]
+    lines = [f"Without network access, download these files (from {src.mirrors[0]}) into the raw directory "
+             f"of {name}; the download step then only checks their md5:"]
+    lines += [f"  {src.mirrors[0]}{fname}  md5 {md5}" for fname, md5 in src.files.items()]
+    return "\n".join(lines)
+
+
+def _vision(name: str, prepare: Callable[[Path], tuple[Any, ...]]) -> DatasetSpec:
+    return DatasetSpec(name, True, partial(vision.download, name), prepare, _manual(name))
+
+
+DATASETS: dict[str, DatasetSpec] = {
+    "digits": DatasetSpec("digits", False, None, embedded.digits, None),
+    "digits_m": DatasetSpec("digits_m", False, None, embedded.digits_m, None),
+    "mnist": _vision("mnist", vision.prepare_mnist),
+    "fashion_mnist": _vision("fashion_mnist", vision.prepare_fashion_mnist),
+    "cifar10": _vision("cifar10", vision.prepare_cifar10),
+    "cifar100": _vision("cifar100", vision.prepare_cifar100),
+    "svhn": _vision("svhn", vision.prepare_svhn),
+}
+
+
+def get_spec(name: str) -> DatasetSpec:
+    """The spec of data set `name`; ValueError listing the known names otherwise."""
+    try:
+        return DATASETS[name]
+    except KeyError:
+        raise ValueError(f"unknown data set {name!r}; known: {', '.join(sorted(DATASETS))}") from None
+
+
+def raw_files(name: str) -> list[str]:
+    """File names the download step writes into the raw directory (empty for embedded data sets)."""
+    spec = get_spec(name)
+    return list(vision.SOURCES[name].files) if spec.needs_download else []
+
+
+def download_dataset(name: str, raw_dir: Path, mirror: str | None = None,
+                     checksums: dict[str, str] | None = None) -> list[Path]:
+    """Download the raw files of `name` into raw_dir (nothing for embedded data sets); return their paths."""
+    spec = get_spec(name)
+    if spec.download is None:
+        return []
+    return spec.download(Path(raw_dir), mirror=mirror, checksums=checksums)
+
+
+def prepare_dataset(name: str, out: Path, raw_dir: Path | None = None) -> dict[str, Any]:
+    """Build data set `name` (from raw_dir when it needs a download) and write it to `out`; return meta."""
+    spec = get_spec(name)
+    if spec.needs_download and raw_dir is None:
+        raise ValueError(f"data set {name!r} is prepared from downloaded files: pass raw_dir")
+    return save_prepared(out, *spec.prepare(None if raw_dir is None else Path(raw_dir)))

@@ -1,0 +1,42 @@
+"""Atomic file writes: a killed job never leaves a half-written file that a later rule would read."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically."""
+    return atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
+    """Write ``obj`` as indented JSON to ``path`` atomically."""
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_jsonable) + "\n")
+
+
+def _jsonable(obj: Any) -> Any:
+    # numpy scalars and arrays show up in stats and summaries
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")

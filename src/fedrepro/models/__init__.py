@@ -1,0 +1,35 @@
+"""Model zoo: every model is ``head(body(x))`` with ``body`` -> flat features and ``head`` a Linear.
+
+The split lets methods that need representations (MOON, FedL2G, FedGTST) use ``model.body`` and
+``model.feature_dim`` without knowing the architecture. No BatchNorm anywhere (averaging running
+statistics across non-IID clients is wrong; GroupNorm instead) and no dropout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from fedrepro.models.cnn import SplitModel, cnn4, lenet5, simple_cnn
+from fedrepro.models.resnet import resnet18_gn
+
+__all__ = ["MODELS", "SplitModel", "build_model"]
+
+# name -> builder(shape=(H, W, C), num_classes, **kwargs)
+MODELS: dict[str, Callable[..., SplitModel]] = {
+    "simple_cnn": simple_cnn,
+    "lenet5": lenet5,
+    "cnn4": cnn4,
+    "resnet18_gn": resnet18_gn,
+}
+
+
+def build_model(name: str, shape: tuple[int, int, int], num_classes: int, **kwargs: Any) -> nn.Module:
+    """Build model ``name`` for inputs of ``shape`` = (H, W, C) and ``num_classes`` outputs."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; known models: {', '.join(sorted(MODELS))}")
+    if len(shape) != 3:
+        raise ValueError(f"shape must be (H, W, C), got {shape}")
+    return MODELS[name](tuple(int(s) for s in shape), int(num_classes), **kwargs)

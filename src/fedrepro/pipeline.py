@@ -1,0 +1,128 @@
+"""What each Snakemake rule does, as plain functions of paths and settings.
+
+workflow/scripts/*.py only unpack the ``snakemake`` object and call these; tests call them directly.
+Modules that need torch are imported inside the functions, so light rules stay light.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def rule_log(path: str | Path | None) -> Iterator[Callable[[str], None]]:
+    """A line logger to the rule's log file (and stdout); a failure's traceback lands in the log too."""
+    handle = open(path, "a", buffering=1) if path else None  # noqa: SIM115 (closed below)
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+        if handle:
+            handle.write(msg + "\n")
+
+    try:
+        yield log
+    except BaseException:
+        if handle:
+            handle.write(traceback.format_exc())
+        raise
+    finally:
+        if handle:
+            handle.close()
+
+
+def download(dataset: str, raw_dir: Path, mirror: str | None, log: Callable[[str], None]) -> None:
+    from fedrepro.data.registry import download_dataset
+
+    paths = download_dataset(dataset, Path(raw_dir), mirror=mirror)
+    for p in paths:
+        log(f"{dataset}: {p} ({p.stat().st_size} bytes, checksum verified)")
+
+
+def prepare(dataset: str, out: Path, raw_dir: Path | None, log: Callable[[str], None]) -> None:
+    from fedrepro.data.registry import prepare_dataset
+
+    meta = prepare_dataset(dataset, Path(out), Path(raw_dir) if raw_dir else None)
+    log(f"{dataset}: {meta['shape']} x {meta['num_classes']} classes -> {out} (sha256 {meta['sha256'][:12]})")
+
+
+def partition(data: Path, spec: dict, seeds: list[int], outs: list[Path], log: Callable[[str], None]) -> None:
+    """One partition file (+ stats JSON) per seed of one setting."""
+    import numpy as np
+
+    from fedrepro.partition import make_partition, partition_stats, save_partition
+
+    with np.load(data) as f:
+        labels, meta = f["y_train"], json.loads(str(f["meta"]))
+    for seed, out in zip(seeds, outs, strict=True):
+        parts = make_partition(labels, spec, seed)
+        stats = partition_stats(parts, labels, meta["num_classes"])
+        save_partition(out, parts, stats, spec)
+        log(f"seed {seed}: {len(parts)} clients, sizes {min(stats['sizes'])}..{max(stats['sizes'])} -> {out}")
+
+
+def train(spec: dict, data: Path, partitions: list[Path], seeds: list[int], index: Path,
+          checkpoint_dir: Path, device: str, threads: int, log: Callable[[str], None]) -> None:
+    """Every seed of one method x setting; ``index`` (seeds.json) is written last and lists the folders."""
+    from fedrepro.io import atomic_write_json
+    from fedrepro.train import train_job
+
+    index = Path(index)
+    out_dirs = {s: index.parent / f"seed{s}" for s in seeds}
+    results = train_job(
+        spec, Path(data),
+        partitions=dict(zip(seeds, map(Path, partitions), strict=True)),
+        out_dirs=out_dirs, checkpoint_dir=Path(checkpoint_dir), device=device, threads=threads, log=log,
+    )
+    atomic_write_json(index, {"runs": [
+        {"seed": s, "dir": out_dirs[s].name, "status": r.status} for s, r in results.items()
+    ]})
+
+
+def aggregate(indexes: list[Path], runs_csv: Path, summary_csv: Path, log: Callable[[str], None]) -> None:
+    """Collect the seed folders listed by each train job's seeds.json into two tidy CSVs."""
+    from fedrepro.report.collect import collect_runs, write_csv_atomic
+
+    run_dirs = []
+    for index in map(Path, indexes):
+        run_dirs += [index.parent / run["dir"] for run in json.loads(index.read_text())["runs"]]
+    runs, summary = collect_runs(run_dirs)
+    write_csv_atomic(runs, Path(runs_csv))
+    write_csv_atomic(summary, Path(summary_csv))
+    log(f"{len(summary)} runs, {len(runs)} evaluation rows -> {runs_csv}, {summary_csv}")
+
+
+def table(spec: dict, summary_csv: Path, published_csv: Path | None, out_stem: Path, scale: str,
+          log: Callable[[str], None]) -> None:
+    import pandas as pd
+
+    from fedrepro.report.published import load_published
+    from fedrepro.report.tables import render_table
+
+    published = load_published(published_csv) if published_csv else None
+    cells = render_table(spec, pd.read_csv(summary_csv), published, Path(out_stem), scale)
+    log(f"{spec['name']}: {len(cells)} cells -> {out_stem}.{{md,tex,csv}}")
+
+
+def figure(spec: dict, runs_csv: Path, out_stem: Path, log: Callable[[str], None]) -> None:
+    import pandas as pd
+
+    from fedrepro.report.figures import render_curves
+
+    render_curves(spec, pd.read_csv(runs_csv), Path(out_stem))
+    log(f"{spec['name']} -> {out_stem}.{{png,pdf}}")
+
+
+def main_from_snakemake(snakemake, step: Callable[..., None], **kwargs) -> None:
+    """Run ``step`` with the rule's log; used by the thin scripts in workflow/scripts."""
+    log_path = snakemake.log[0] if len(snakemake.log) else None
+    with rule_log(log_path) as log:
+        step(**kwargs, log=log)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("use the Snakemake workflow (snakemake) or import fedrepro.pipeline")

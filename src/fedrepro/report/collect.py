@@ -1,0 +1,131 @@
+"""Collect the training engine's run folders into tidy data frames."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+KEYS = ["study", "setting", "method", "seed"]
+METRIC_COLUMNS = ["round", "test_acc", "test_loss", "train_loss", "bytes_up", "bytes_down", "seconds"]
+SUMMARY_COLUMNS = [
+    *KEYS,
+    "status",
+    "diverged_round",
+    "final_acc",
+    "best_acc",
+    "last_k_acc",
+    "last_k",
+    "seconds",
+]
+STATUSES = {"complete", "diverged"}
+
+
+class RunDataError(ValueError):
+    """A run folder's file exists but cannot be used; the message names the file."""
+
+
+def _read_summary(path: Path) -> dict:
+    if not path.is_file():
+        raise FileNotFoundError(f"missing run summary: {path}")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise RunDataError(f"unreadable run summary {path}: {err}") from err
+    if not isinstance(data, dict):
+        raise RunDataError(f"run summary {path} is not a JSON object")
+    missing = [k for k in SUMMARY_COLUMNS if k not in data]
+    if missing:
+        raise RunDataError(f"run summary {path} lacks keys {missing}")
+    if data["status"] not in STATUSES:
+        raise RunDataError(f"run summary {path}: status {data['status']!r} not in {sorted(STATUSES)}")
+    return {k: data[k] for k in SUMMARY_COLUMNS}
+
+
+def _read_metrics(path: Path) -> pd.DataFrame:
+    if not path.is_file():
+        raise FileNotFoundError(f"missing run metrics: {path}")
+    try:
+        df = pd.read_csv(path)
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+        raise RunDataError(f"unreadable run metrics {path}: {err}") from err
+    missing = [c for c in METRIC_COLUMNS if c not in df.columns]
+    if missing:
+        raise RunDataError(f"run metrics {path} lacks columns {missing}")
+    clash = [c for c in KEYS if c in df.columns]
+    if clash:
+        raise RunDataError(f"run metrics {path} has columns {clash} that collide with the run keys")
+    return df
+
+
+def _check_path_matches(run_dir: Path, summary: dict) -> None:
+    # A folder copied or renamed by hand would otherwise be counted under the wrong key silently.
+    m = re.fullmatch(r"seed(\d+)", run_dir.name)
+    if not m or run_dir.parent.parent.parent.name != "runs":
+        return
+    from_path = (run_dir.parent.parent.name, run_dir.parent.name, int(m.group(1)))
+    from_json = (str(summary["setting"]), str(summary["method"]), int(summary["seed"]))
+    if from_path != from_json:
+        raise RunDataError(
+            f"{run_dir / 'summary.json'} says setting/method/seed {from_json} but its folder says {from_path}"
+        )
+
+
+def collect_runs(run_dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Read run folders into (runs, summary).
+
+    runs: one row per run and evaluation round (run keys + every metrics.csv column);
+    summary: one row per run (``SUMMARY_COLUMNS``). Raises FileNotFoundError / RunDataError
+    naming the offending file.
+    """
+    frames: list[pd.DataFrame] = []
+    rows: list[dict] = []
+    seen: dict[tuple, Path] = {}
+    for run_dir in map(Path, run_dirs):
+        summary = _read_summary(run_dir / "summary.json")
+        metrics = _read_metrics(run_dir / "metrics.csv")
+        _check_path_matches(run_dir, summary)
+        key = tuple(summary[k] for k in KEYS)
+        if key in seen:
+            raise RunDataError(f"run {key} appears twice: {seen[key]} and {run_dir}")
+        seen[key] = run_dir
+        rows.append(summary)
+        frames.append(metrics.assign(**{k: summary[k] for k in KEYS}))
+
+    summary_df = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+    summary_df = summary_df.astype({"seed": "int64", "diverged_round": "Int64", "last_k": "Int64"})
+    for col in ("final_acc", "best_acc", "last_k_acc", "seconds"):
+        summary_df[col] = pd.to_numeric(summary_df[col], errors="coerce").astype("float64")
+    summary_df = summary_df.sort_values(KEYS, kind="stable").reset_index(drop=True)
+
+    if frames:
+        runs = pd.concat(frames, ignore_index=True)
+        extra = [c for c in runs.columns if c not in KEYS and c not in METRIC_COLUMNS]
+        runs = runs[KEYS + METRIC_COLUMNS + extra].astype({"seed": "int64", "round": "int64"})
+        runs = runs.sort_values([*KEYS, "round"], kind="stable").reset_index(drop=True)
+    else:
+        runs = pd.DataFrame(columns=KEYS + METRIC_COLUMNS)
+    return runs, summary_df
+
+
+def write_text_atomic(text: str, path: Path) -> None:
+    """Write text so readers (and Snakemake) never see a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_csv_atomic(df: pd.DataFrame, path: Path) -> None:
+    """Write ``df`` as CSV (no index) via a temp file in the same folder and os.replace."""
+    write_text_atomic(df.to_csv(index=False, lineterminator="\n"), path)

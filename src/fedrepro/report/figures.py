@@ -1,0 +1,125 @@
+"""Render learning curves (metric vs round, one panel per setting, one line per method)."""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import matplotlib as mpl
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from fedrepro.report.style import FIGURE_RC, method_dashes, method_palette
+
+AXIS_LABELS = {
+    "round": "communication round",
+    "test_acc": "test accuracy (%)",
+    "test_loss": "test loss",
+    "train_loss": "train loss",
+    "bytes_up": "bytes uploaded (cumulative)",
+    "bytes_down": "bytes downloaded (cumulative)",
+    "seconds": "wall-clock seconds (cumulative)",
+}
+BANDS = {
+    "sd": ("sd", "band: ±1 sd over seeds"),
+    "ci": (("ci", 95), "band: 95% bootstrap CI over seeds"),
+}
+MAX_COLS = 4
+
+
+def _save_atomic(fig: Figure, path: Path, **kwargs) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format=path.suffix[1:], **kwargs)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def render_curves(spec: dict, runs: pd.DataFrame, out_stem: Path) -> None:
+    """Write ``out_stem``.png (150 dpi) and .pdf: mean curve per method with a band over seeds.
+
+    spec: name, caption, kind="curve", settings [{setting, label}], methods [{method, label}],
+    optional y (default test_acc), x (default round) and band ("sd", default, or "ci").
+    """
+    y, x = spec.get("y", "test_acc"), spec.get("x", "round")
+    band = spec.get("band", "sd")
+    if band not in BANDS:
+        raise ValueError(f"figure {spec.get('name')}: band {band!r} not in {sorted(BANDS)}")
+    errorbar, band_text = BANDS[band]
+    for col in ("setting", "method", "seed", x, y):
+        if col not in runs.columns:
+            raise ValueError(f"figure {spec.get('name')}: runs lack column {col!r}")
+    settings, methods = spec["settings"], spec["methods"]
+    labels = [m["label"] for m in methods]
+    to_label = {m["method"]: m["label"] for m in methods}
+
+    data = runs[runs["setting"].isin([s["setting"] for s in settings]) & runs["method"].isin(to_label)]
+    if data.empty:
+        raise ValueError(f"figure {spec.get('name')}: no runs for its settings and methods")
+    # A diverged run can log inf; drop those points rather than let them blow up the axis.
+    data = data.assign(
+        method_label=data["method"].map(to_label), **{y: data[y].replace([np.inf, -np.inf], np.nan)}
+    )
+    seeds = sorted(set(data.groupby(["setting", "method"])["seed"].nunique()))
+    n_text = f"n = {seeds[0]}" if len(seeds) == 1 else f"n = {seeds[0]}–{seeds[-1]}"
+
+    ncols = min(MAX_COLS, len(settings))
+    nrows = math.ceil(len(settings) / ncols)
+    palette, dashes = method_palette(labels), method_dashes(labels)
+    with mpl.rc_context(FIGURE_RC):
+        # A bare Figure on an Agg canvas: no pyplot state, no GUI backend, nothing left open.
+        fig = Figure(figsize=(3.8 * ncols, 3.0 * nrows + 1.2), layout="constrained")
+        FigureCanvasAgg(fig)
+        axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+        handles: dict[str, object] = {}
+        for ax, setting in zip(axes, settings, strict=False):
+            panel = data[data["setting"] == setting["setting"]]
+            ax.set_title(setting["label"])
+            ax.set_xlabel(AXIS_LABELS.get(x, x))
+            ax.set_ylabel(AXIS_LABELS.get(y, y))
+            if panel[y].notna().sum() == 0:
+                ax.text(0.5, 0.5, "no runs", transform=ax.transAxes, ha="center", va="center", color="0.4")
+                continue
+            present = [lab for lab in labels if lab in set(panel["method_label"])]
+            sns.lineplot(
+                data=panel,
+                x=x,
+                y=y,
+                hue="method_label",
+                hue_order=present,
+                palette=palette,
+                style="method_label",
+                style_order=present,
+                dashes=dashes,
+                errorbar=errorbar,
+                seed=0,
+                ax=ax,
+            )
+            for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+                handles.setdefault(lab, h)
+            if ax.get_legend() is not None:
+                ax.get_legend().remove()
+        for ax in axes[len(settings) :]:
+            ax.set_visible(False)
+        order = [lab for lab in labels if lab in handles]
+        fig.legend(
+            [handles[lab] for lab in order],
+            order,
+            loc="outside lower center",
+            ncols=min(len(order), 6),
+            title=f"method (line: mean over seeds; {band_text}, {n_text})",
+        )
+        fig.suptitle(spec.get("caption", spec.get("name", "")))
+        out_stem = Path(out_stem)
+        _save_atomic(fig, out_stem.parent / (out_stem.name + ".png"), dpi=150)
+        # No creation date, so rerunning an unchanged figure gives identical bytes.
+        _save_atomic(fig, out_stem.parent / (out_stem.name + ".pdf"), metadata={"CreationDate": None})

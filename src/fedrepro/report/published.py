@@ -1,0 +1,58 @@
+"""The papers' published numbers (config/paper/<paper>.csv)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+COLUMNS = ["paper", "table", "row", "column", "mean", "std", "unit"]
+_KEY = ["paper", "table", "row", "column"]
+
+
+def load_published(path: Path) -> pd.DataFrame:
+    """Load one paper's published cells; errors name the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"missing published-numbers file: {path}")
+    try:
+        df = pd.read_csv(
+            path,
+            dtype={c: str for c in _KEY + ["unit"]},
+            keep_default_na=False,
+            na_values={"mean": [""], "std": [""]},
+        )
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+        raise ValueError(f"unreadable published-numbers file {path}: {err}") from err
+    if list(df.columns) != COLUMNS:
+        raise ValueError(f"{path}: header {list(df.columns)} != {COLUMNS}")
+    for col in ("mean", "std"):
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
+    if df["mean"].isna().any():
+        raise ValueError(f"{path}: rows {list(df.index[df['mean'].isna()] + 2)} have no numeric mean")
+    dup = df.duplicated(_KEY, keep=False)
+    if dup.any():
+        raise ValueError(f"{path}: duplicated cells on lines {list(df.index[dup] + 2)}")
+    return df
+
+
+def lookup(
+    published: pd.DataFrame, table: str, row: str, column: str, *, percent: bool = True
+) -> tuple[float, float | None] | None:
+    """Return (mean, std or None) of one published cell, or None when the paper has no such cell.
+
+    With ``percent`` (the default), cells printed as fractions (FedGTST Tables 4-5) are scaled to
+    percent so they compare with the engine's test_acc.
+    """
+    hit = published[
+        (published["table"] == table) & (published["row"] == row) & (published["column"] == column)
+    ]
+    if hit.empty:
+        return None
+    if len(hit) > 1:
+        raise ValueError(f"published cell ({table!r}, {row!r}, {column!r}) is ambiguous: {len(hit)} papers")
+    rec = hit.iloc[0]
+    scale = 100.0 if percent and rec["unit"] == "fraction" else 1.0
+    std = float(rec["std"])
+    return float(rec["mean"]) * scale, (None if math.isnan(std) else std * scale)

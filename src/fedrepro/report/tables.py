@@ -1,0 +1,349 @@
+"""Render one study table (markdown, LaTeX, tidy CSV) with the published numbers beside ours."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from fedrepro.report.collect import write_csv_atomic, write_text_atomic
+from fedrepro.report.published import lookup
+
+METRICS = {
+    "final_acc": "test accuracy after the last round",
+    "best_acc": "best test accuracy over rounds",
+    "last_k_acc": "mean test accuracy over the last {k} evaluations",
+}
+EMBEDDED_NOTE = (
+    "These runs use the small embedded data sets, models and round budgets, while the published numbers "
+    "come from the paper's own data sets at full scale, so the two are not comparable: only the rankings "
+    "of methods can be compared."
+)
+CSV_COLUMNS = [
+    "row",
+    "column",
+    "n_seeds",
+    "ours_mean",
+    "ours_std",
+    "paper_mean",
+    "paper_std",
+    "diff",
+    "status",
+    "method",
+    "setting",
+    "n_diverged",
+]
+DAGGER = "†"
+DASH = "—"
+
+
+@dataclass
+class _Cell:
+    method: str
+    setting: str
+    row: str
+    column: str
+    n_runs: int = 0
+    values: list[float] = field(default_factory=list)
+    diverged_rounds: list[int | None] = field(default_factory=list)
+    paper: tuple[float, float | None] | None = None
+    bold: bool = False
+
+    @property
+    def status(self) -> str:
+        if self.values:
+            return "partial" if self.diverged_rounds else "ok"
+        return "diverged" if self.diverged_rounds else "missing"
+
+    @property
+    def mean(self) -> float:
+        return sum(self.values) / len(self.values) if self.values else math.nan
+
+    @property
+    def std(self) -> float:
+        # Sample std (n-1), as pandas and most papers' "mean ± std over trials" report it.
+        n = len(self.values)
+        if n < 2:
+            return math.nan
+        m = self.mean
+        return math.sqrt(sum((v - m) ** 2 for v in self.values) / (n - 1))
+
+    @property
+    def diff(self) -> float:
+        return self.mean - self.paper[0] if self.paper and self.values else math.nan
+
+    def diverged_text(self) -> str:
+        rounds = sorted({r for r in self.diverged_rounds if r is not None})
+        if not rounds:
+            return "diverged"
+        word = "round" if len(rounds) == 1 else "rounds"
+        return f"diverged ({word} {', '.join(map(str, rounds))})"
+
+
+def _pm(mean: float, std: float | None, sep: str) -> str:
+    if std is None or math.isnan(std):
+        return f"{mean:.2f}"
+    return f"{mean:.2f}{sep}{std:.2f}"
+
+
+def _signed(x: float) -> str:
+    return f"{x:+.2f}"
+
+
+def _build_cells(spec: dict, summary: pd.DataFrame, published: pd.DataFrame | None) -> list[list[_Cell]]:
+    metric = spec["metric"]
+    needed = ("setting", "method", "status", "diverged_round", metric)
+    missing = [c for c in needed if c not in summary.columns]
+    if missing:
+        raise ValueError(f"table {spec['name']}: summary lacks columns {missing}")
+    table = spec.get("paper_table")
+    grid: list[list[_Cell]] = []
+    for r in spec["rows"]:
+        line = []
+        for c in spec["columns"]:
+            cell = _Cell(r["method"], c["setting"], r["label"], c["label"])
+            runs = summary[(summary["method"] == r["method"]) & (summary["setting"] == c["setting"])]
+            if "study" in runs.columns and runs["study"].nunique() > 1:
+                raise ValueError(
+                    f"table {spec['name']}: cell ({r['method']}, {c['setting']}) mixes studies "
+                    f"{sorted(runs['study'].unique())}; pass one study's summary"
+                )
+            cell.n_runs = len(runs)
+            for status, value, dr in zip(runs["status"], runs[metric], runs["diverged_round"], strict=True):
+                if status == "diverged":
+                    cell.diverged_rounds.append(int(dr) if pd.notna(dr) else None)
+                elif pd.notna(value):
+                    cell.values.append(float(value))
+            if table and r.get("paper") and c.get("paper") and published is not None:
+                cell.paper = lookup(published, table, r["paper"], c["paper"])
+                if cell.paper is None:
+                    # Probably a typo in the study file; the table still renders without the number.
+                    warnings.warn(
+                        f"table {spec['name']}: no published cell "
+                        f"({table!r}, {r['paper']!r}, {c['paper']!r})",
+                        stacklevel=3,
+                    )
+            line.append(cell)
+        grid.append(line)
+    # Bold the best of our means per column (ties at the printed precision all bold).
+    for j in range(len(spec["columns"])):
+        col = [line[j] for line in grid if line[j].values]
+        if len(col) >= 2:
+            best = max(round(c.mean, 2) for c in col)
+            for c in col:
+                c.bold = round(c.mean, 2) == best
+    return grid
+
+
+def _describe(spec: dict, summary: pd.DataFrame, grid: list[list[_Cell]]) -> str:
+    metric = spec["metric"]
+    what = METRICS[metric]
+    if metric == "last_k_acc":
+        ks = sorted({int(k) for k in summary.get("last_k", pd.Series(dtype=float)).dropna()})
+        what = what.format(k=ks[0] if len(ks) == 1 else "k")
+    ns = sorted({c.n_runs for line in grid for c in line if c.n_runs})
+    seeds = "" if not ns else (f"{ns[0]}" if len(ns) == 1 else f"{ns[0]}–{ns[-1]}")
+    plural = "seed" if ns == [1] else "seeds"
+    over = f", mean ± std over {seeds} {plural} (sample std)" if ns else ""
+    return f"Cells: {what} (%){over}."
+
+
+def _footnotes(grid: list[list[_Cell]]) -> list[str]:
+    notes = []
+    for line in grid:
+        for c in line:
+            if c.status == "partial":
+                notes.append(
+                    f"{DAGGER} {c.row}, {c.column}: {len(c.diverged_rounds)} of {c.n_runs} seeds "
+                    f"{c.diverged_text()}; mean over the other {len(c.values)}."
+                )
+    return notes
+
+
+def _md_escape(text: str) -> str:
+    return str(text).replace("|", r"\|")
+
+
+def _md_ours(c: _Cell) -> str:
+    if c.status == "missing":
+        return DASH
+    if c.status == "diverged":
+        return c.diverged_text()
+    text = _pm(c.mean, c.std, " ± ")
+    text = f"**{text}**" if c.bold else text
+    return text + (DAGGER if c.status == "partial" else "")
+
+
+def _render_md(spec: dict, grid, has_paper: list[bool], intro: list[str], notes: list[str]) -> str:
+    head, align = ["Method"], ["---"]
+    for c, hp in zip(spec["columns"], has_paper, strict=True):
+        head.append(_md_escape(c["label"]))
+        align.append("---:")
+        if hp:
+            head += [f"{_md_escape(c['label'])}: paper", f"{_md_escape(c['label'])}: Δ"]
+            align += ["---:", "---:"]
+    lines = [f"### {spec['caption']} (`{spec['name']}`)", ""]
+    for para in intro:
+        lines += [para, ""]
+    lines += ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
+    for r, line in zip(spec["rows"], grid, strict=True):
+        cells = [_md_escape(r["label"])]
+        for c, hp in zip(line, has_paper, strict=True):
+            cells.append(_md_ours(c))
+            if hp:
+                cells.append(_pm(c.paper[0], c.paper[1], " ± ") if c.paper else DASH)
+                cells.append(_signed(c.diff) if not math.isnan(c.diff) else DASH)
+        lines.append("| " + " | ".join(cells) + " |")
+    if notes:
+        lines += ["", *notes]
+    return "\n".join(lines) + "\n"
+
+
+_TEX_SPECIAL = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    # Unicode the papers' labels use, so the fragment compiles without extra packages.
+    "±": r"$\pm$",
+    "→": r"$\rightarrow$",
+    "×": r"$\times$",
+    "√": r"$\surd$",
+    "ρ": r"$\rho$",
+    "η": r"$\eta$",
+    "λ": r"$\lambda$",
+    "Δ": r"$\Delta$",
+    "—": "---",
+    "–": "--",
+    "†": r"$^\dagger$",
+    "−": "$-$",
+    "“": "``",
+    "”": "''",
+}
+
+
+def tex_escape(text: str) -> str:
+    """Escape LaTeX specials (and a few Unicode symbols) in a plain-text label."""
+    return "".join(_TEX_SPECIAL.get(ch, ch) for ch in str(text))
+
+
+def _tex_ours(c: _Cell) -> str:
+    if c.status == "missing":
+        return "--"
+    if c.status == "diverged":
+        return tex_escape(c.diverged_text())
+    text = _pm(c.mean, c.std, r" $\pm$ ")
+    text = rf"\textbf{{{text}}}" if c.bold else text
+    return text + (r"$^\dagger$" if c.status == "partial" else "")
+
+
+def _render_tex(spec: dict, grid, has_paper: list[bool], intro: list[str], notes: list[str]) -> str:
+    ncols = 1 + sum(3 if hp else 1 for hp in has_paper)
+    top, sub, rules = ["Method"], [""], []
+    pos = 2
+    for c, hp in zip(spec["columns"], has_paper, strict=True):
+        label = tex_escape(c["label"])
+        if hp:
+            top.append(rf"\multicolumn{{3}}{{c}}{{{label}}}")
+            sub += ["ours", "paper", r"$\Delta$"]
+            rules.append(rf"\cmidrule(lr){{{pos}-{pos + 2}}}")
+            pos += 3
+        else:
+            top.append(label)
+            sub.append("")
+            pos += 1
+    lines = [
+        r"\begin{table}[t]",
+        r"\centering",
+        rf"\caption{{{tex_escape(spec['caption'])}}}",
+        rf"\label{{tab:{spec['name']}}}",
+        rf"\begin{{tabular}}{{l{'r' * (ncols - 1)}}}",
+        r"\toprule",
+        " & ".join(top) + r" \\",
+    ]
+    if any(has_paper):
+        lines += [" ".join(rules), " & ".join(sub) + r" \\"]
+    lines.append(r"\midrule")
+    for r, line in zip(spec["rows"], grid, strict=True):
+        cells = [tex_escape(r["label"])]
+        for c, hp in zip(line, has_paper, strict=True):
+            cells.append(_tex_ours(c))
+            if hp:
+                cells.append(_pm(c.paper[0], c.paper[1], r" $\pm$ ") if c.paper else "--")
+                cells.append(_signed(c.diff) if not math.isnan(c.diff) else "--")
+        lines.append(" & ".join(cells) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    text = [tex_escape(t) for t in intro + notes if t]
+    if text:
+        lines += [r"\par\smallskip\footnotesize", r"\par ".join(text)]
+    lines.append(r"\end{table}")
+    return "\n".join(lines) + "\n"
+
+
+def _with(stem: Path, suffix: str) -> Path:
+    # Not Path.with_suffix: a stem such as "t1.niid" would lose its ".niid".
+    return stem.parent / (stem.name + suffix)
+
+
+def render_table(
+    spec: dict, summary: pd.DataFrame, published: pd.DataFrame | None, out_stem: Path, scale: str
+) -> pd.DataFrame:
+    """Write ``out_stem``.md/.tex/.csv for one table spec and return the tidy cell frame.
+
+    A cell is mean ± std over seeds of ``spec["metric"]``; diverged seeds are left out of the mean
+    (and marked), an all-diverged cell says so, an empty cell shows a dash. Where the row, column and
+    ``paper_table`` map to a published cell, the paper's value and ours − paper are shown beside it.
+    """
+    if spec.get("metric") not in METRICS:
+        raise ValueError(f"table {spec.get('name')}: metric {spec.get('metric')!r} not in {sorted(METRICS)}")
+    if not spec.get("rows") or not spec.get("columns"):
+        raise ValueError(f"table {spec.get('name')}: needs at least one row and one column")
+    out_stem = Path(out_stem)
+    grid = _build_cells(spec, summary, published)
+    has_paper = [any(line[j].paper for line in grid) for j in range(len(spec["columns"]))]
+
+    intro = [_describe(spec, summary, grid)]
+    if any(has_paper):
+        paper = ""
+        if published is not None and published["paper"].nunique() == 1:
+            paper = f"{published['paper'].iloc[0]} "
+        intro.append(f"“paper” is the published value from {paper}{spec['paper_table']}; Δ = ours − paper.")
+    if scale == "embedded":
+        intro.append(EMBEDDED_NOTE)
+    notes = _footnotes(grid)
+
+    write_text_atomic(_render_md(spec, grid, has_paper, intro, notes), _with(out_stem, ".md"))
+    write_text_atomic(_render_tex(spec, grid, has_paper, intro, notes), _with(out_stem, ".tex"))
+
+    tidy = pd.DataFrame(
+        [
+            {
+                "row": c.row,
+                "column": c.column,
+                "n_seeds": len(c.values),
+                "ours_mean": c.mean,
+                "ours_std": c.std,
+                "paper_mean": c.paper[0] if c.paper else math.nan,
+                "paper_std": c.paper[1] if c.paper and c.paper[1] is not None else math.nan,
+                "diff": c.diff,
+                "status": c.status,
+                "method": c.method,
+                "setting": c.setting,
+                "n_diverged": len(c.diverged_rounds),
+            }
+            for line in grid
+            for c in line
+        ],
+        columns=CSV_COLUMNS,
+    )
+    write_csv_atomic(tidy, _with(out_stem, ".csv"))
+    return tidy

@@ -1,0 +1,192 @@
+"""The synchronous round loop shared by every method: sample, train locally, aggregate, evaluate."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedrepro import seeding
+from fedrepro.algorithms.base import Algorithm, Client
+from fedrepro.sim.checkpoint import load_checkpoint, save_checkpoint
+from fedrepro.sim.flat import FlatModel
+from fedrepro.sim.tensors import DeviceData, evaluate
+
+
+@dataclass
+class TrainingConfig:
+    rounds: int
+    local_epochs: int = 1
+    batch_size: int = 64
+    lr: float = 0.01
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    join_ratio: float = 1.0
+    eval_every: int = 1
+    last_k: int = 5
+    checkpoint_every: int = 10
+
+
+@dataclass
+class RunResult:
+    history: list[dict] = field(default_factory=list)
+    status: str = "complete"
+    diverged_round: int | None = None
+
+
+def payload_bytes(tensors: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+class FederatedRun:
+    """One seed of one method on one setting."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        algorithm: Algorithm,
+        data: DeviceData,
+        client_indices: list[np.ndarray],
+        training: TrainingConfig,
+        weighting: Callable[[np.ndarray, np.ndarray], np.ndarray],
+        seed: int,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.flat = FlatModel(model)
+        self.model, self.alg, self.data, self.cfg = model, algorithm, data, training
+        self.weighting, self.seed, self.log = weighting, seed, log
+        device = data.x_train.device
+        self.clients = [torch.as_tensor(idx, dtype=torch.long, device=device) for idx in client_indices]
+        self.sizes = np.array([len(idx) for idx in client_indices])
+        labels = data.y_train.cpu().numpy()
+        self.class_counts = np.stack(
+            [np.bincount(labels[idx], minlength=data.num_classes) for idx in client_indices]
+        )
+        self.alg.setup(self.flat.numel, len(client_indices), device)
+
+    # ----- one client
+    def sample_clients(self, rnd: int) -> np.ndarray:
+        k = len(self.clients)
+        m = max(1, int(round(self.cfg.join_ratio * k)))
+        if m >= k:
+            return np.arange(k)
+        return np.sort(seeding.rng_for(self.seed, seeding.SAMPLING, rnd).choice(k, m, replace=False))
+
+    def train_client(self, cid: int, rnd: int, w_global: torch.Tensor) -> tuple[dict, torch.Tensor, int]:
+        """E local epochs of SGD from ``w_global``; returns (upload, summed batch loss, samples seen)."""
+        cfg, flat, alg = self.cfg, self.flat, self.alg
+        idx = self.clients[cid]
+        n = len(idx)
+        client = Client(cid=cid, round=rnd, w_start=w_global, num_samples=n)
+        flat.load(w_global)
+        gen = torch.Generator().manual_seed(seeding.derive_seed(self.seed, seeding.BATCHES, rnd, cid))
+        momentum_buf = None
+        loss_sum = torch.zeros((), device=w_global.device)
+        seen = 0
+        x_all, y_all = self.data.x_train, self.data.y_train
+        for _ in range(cfg.local_epochs):
+            order = idx[torch.randperm(n, generator=gen).to(idx.device)]
+            for start in range(0, n, cfg.batch_size):
+                batch = order[start : start + cfg.batch_size]
+                flat.zero_grad()
+                loss = alg.local_loss(self.model, x_all[batch], y_all[batch], client)
+                loss.backward()
+                with torch.no_grad():
+                    step = flat.g
+                    alg.correct_grad(flat.w, step, client)
+                    if cfg.weight_decay:
+                        step.add_(flat.w, alpha=cfg.weight_decay)
+                    if cfg.momentum:
+                        if momentum_buf is None:
+                            momentum_buf = step.clone()
+                        else:
+                            momentum_buf.mul_(cfg.momentum).add_(step)
+                        step = momentum_buf
+                    flat.w.add_(step, alpha=-cfg.lr)
+                    loss_sum += loss.detach() * len(batch)
+                seen += len(batch)
+                client.steps += 1
+        with torch.no_grad():
+            upload = alg.upload(client, flat.w)
+        return upload, loss_sum, seen
+
+    # ----- the loop
+    def run(self, checkpoint: Path | None = None, fingerprint: str = "") -> RunResult:
+        cfg = self.cfg
+        w = self.flat.w.detach().clone()  # the initial model, seeded by the caller
+        result = RunResult()
+        start_round, bytes_up, bytes_down, seconds = 1, 0, 0, 0.0
+        resumed = load_checkpoint(checkpoint, fingerprint) if checkpoint else None
+        if resumed is not None:
+            w = resumed["w"].to(w.device)
+            self.alg.state = _to_device(resumed["state"], w.device)
+            result.history = resumed["history"]
+            result.status, result.diverged_round = resumed["status"], resumed["diverged_round"]
+            start_round = resumed["round"] + 1
+            bytes_up, bytes_down, seconds = resumed["bytes_up"], resumed["bytes_down"], resumed["seconds"]
+            self.log(f"resumed from {checkpoint} after round {resumed['round']}")
+            if result.status == "diverged":
+                return result
+        model_bytes = w.numel() * w.element_size()
+
+        for rnd in range(start_round, cfg.rounds + 1):
+            t0 = time.perf_counter()
+            # anything that draws from torch's global RNG in this round draws the same after a resume
+            torch.manual_seed(seeding.derive_seed(self.seed, seeding.SERVER, rnd))
+            sampled = self.sample_clients(rnd)
+            weights = self.weighting(self.sizes[sampled], self.class_counts[sampled])
+            self.alg.server_begin(w, sampled, weights)
+            loss_sum = torch.zeros((), device=w.device)
+            seen = 0
+            for cid, p in zip(sampled.tolist(), weights, strict=True):
+                bytes_down += model_bytes + payload_bytes(self.alg.download(cid))
+                upload, client_loss, client_seen = self.train_client(cid, rnd, w)
+                bytes_up += payload_bytes(upload)
+                self.alg.server_receive(cid, upload, p)
+                loss_sum += client_loss
+                seen += client_seen
+            with torch.no_grad():
+                w = self.alg.server_end(w)
+            train_loss = loss_sum.item() / max(seen, 1)
+            seconds += time.perf_counter() - t0
+            diverged = not math.isfinite(train_loss) or not bool(torch.isfinite(w).all())
+            if diverged or rnd % cfg.eval_every == 0 or rnd == cfg.rounds:
+                self.flat.load(w)
+                acc, test_loss = evaluate(self.model, self.data.x_test, self.data.y_test)
+                result.history.append(
+                    dict(round=rnd, test_acc=acc, test_loss=test_loss, train_loss=train_loss,
+                         bytes_up=bytes_up, bytes_down=bytes_down, seconds=round(seconds, 4))
+                )
+                self.log(f"round {rnd}/{cfg.rounds} acc {acc:.2f} loss {test_loss:.4f} "
+                         f"train {train_loss:.4f} {seconds:.1f}s")
+            if diverged:
+                result.status, result.diverged_round = "diverged", rnd
+                self.log(f"diverged at round {rnd}: train loss {train_loss}")
+            done = diverged or rnd == cfg.rounds
+            if checkpoint and (done or rnd % cfg.checkpoint_every == 0):
+                save_checkpoint(checkpoint, fingerprint, dict(
+                    round=rnd, w=w.cpu(), state=_to_device(self.alg.state, "cpu"), history=result.history,
+                    status=result.status, diverged_round=result.diverged_round,
+                    bytes_up=bytes_up, bytes_down=bytes_down, seconds=seconds,
+                ))
+            if diverged:
+                break
+        self.flat.load(w)
+        return result
+
+
+def _to_device(obj, device):
+    """Move a state tree (tensors, dicts, lists) to ``device``."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to_device(v, device) for v in obj]
+    return obj

@@ -1,0 +1,74 @@
+"""Prepared arrays -> device tensors, once per run: batches are index slices, never a DataLoader."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class DeviceData:
+    """A data set as float tensors on the run's device, standardised with train-set channel stats."""
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(H, W, C) of one input, the convention of the prepared files and build_model."""
+        _, c, h, w = self.x_train.shape
+        return (h, w, c)
+
+
+def images_to_tensor(
+    x: np.ndarray, device: torch.device, image_size: int | None = None, channels: int | None = None
+) -> torch.Tensor:
+    """uint8 [N,H,W,C] -> float [N,C,H',W'] in [0,1], optionally resized and grey->colour expanded."""
+    t = torch.from_numpy(np.ascontiguousarray(x)).to(device).permute(0, 3, 1, 2).float().div_(255.0)
+    if channels is not None and channels != t.shape[1]:
+        if t.shape[1] != 1:
+            raise ValueError(f"cannot convert {t.shape[1]}-channel images to {channels} channels")
+        t = t.expand(-1, channels, -1, -1)
+    if image_size is not None and image_size != t.shape[-1]:
+        t = F.interpolate(t, size=(image_size, image_size), mode="bilinear", align_corners=False)
+    return t.contiguous()
+
+
+def to_device_data(
+    prepared, device: torch.device, image_size: int | None = None, channels: int | None = None
+) -> DeviceData:
+    """Move a prepared data set (fedrepro.data.format.Prepared) to ``device`` as standardised tensors."""
+    x_train = images_to_tensor(prepared.x_train, device, image_size, channels)
+    x_test = images_to_tensor(prepared.x_test, device, image_size, channels)
+    mean = x_train.mean(dim=(0, 2, 3), keepdim=True)
+    std = x_train.std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
+    return DeviceData(
+        x_train=(x_train - mean) / std,
+        y_train=torch.as_tensor(prepared.y_train, dtype=torch.long, device=device),
+        x_test=(x_test - mean) / std,
+        y_test=torch.as_tensor(prepared.y_test, dtype=torch.long, device=device),
+        num_classes=int(prepared.meta["num_classes"]),
+    )
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 2048):
+    """(accuracy in percent, mean cross-entropy) of ``model`` on (x, y)."""
+    was_training = model.training
+    model.eval()
+    correct = torch.zeros((), device=x.device)
+    loss = torch.zeros((), device=x.device)
+    for start in range(0, len(y), batch_size):
+        logits = model(x[start : start + batch_size])
+        target = y[start : start + batch_size]
+        loss += F.cross_entropy(logits, target, reduction="sum")
+        correct += (logits.argmax(1) == target).sum()
+    model.train(was_training)
+    n = max(len(y), 1)
+    return 100.0 * correct.item() / n, loss.item() / n

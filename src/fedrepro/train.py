@@ -1,0 +1,119 @@
+"""One train job: one method on one setting, every seed in one process (torch import costs seconds)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import fedrepro
+from fedrepro.algorithms import build_algorithm
+from fedrepro.algorithms.weighting import make_weighting
+from fedrepro.data.format import load_prepared
+from fedrepro.io import atomic_write_json, atomic_write_text
+from fedrepro.models import build_model
+from fedrepro.partition import load_partition
+from fedrepro.seeding import INIT, derive_seed
+from fedrepro.sim.sync import FederatedRun, RunResult, TrainingConfig
+from fedrepro.sim.tensors import to_device_data
+
+METRIC_COLUMNS = ("round", "test_acc", "test_loss", "train_loss", "bytes_up", "bytes_down", "seconds")
+
+
+def pick_device(name: str) -> torch.device:
+    """``auto`` is CUDA when present, else CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device: cuda was requested but torch.cuda.is_available() is False")
+    return torch.device(name)
+
+
+def fingerprint(spec: dict, seed: int, data_sha: str, partition: list[np.ndarray]) -> str:
+    """What a checkpoint must match to be resumed: the run's config, seed, data and partition."""
+    h = hashlib.sha256()
+    relevant = {k: v for k, v in spec.items() if k != "training"}
+    relevant["training"] = {k: v for k, v in spec["training"].items() if k != "checkpoint_every"}
+    h.update(json.dumps(relevant, sort_keys=True).encode())
+    h.update(f"|seed={seed}|data={data_sha}|".encode())
+    for idx in partition:
+        h.update(np.ascontiguousarray(idx, dtype=np.int64).tobytes())
+        h.update(b"|")
+    return h.hexdigest()
+
+
+def summarize(result: RunResult, last_k: int) -> dict:
+    """final, best and mean-of-last-k test accuracy of a run's evaluated rounds."""
+    accs = [row["test_acc"] for row in result.history]
+    if not accs:
+        return {"final_acc": None, "best_acc": None, "last_k_acc": None}
+    return {
+        "final_acc": accs[-1],
+        "best_acc": max(accs),
+        "last_k_acc": float(np.mean(accs[-last_k:])),
+    }
+
+
+def write_run(out_dir: Path, spec: dict, seed: int, result: RunResult, device: torch.device) -> None:
+    """metrics.csv and summary.json of one seed; summary.json last, so it marks a finished run."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = [",".join(METRIC_COLUMNS)]
+    lines += [",".join(repr(row[c]) if isinstance(row[c], float) else str(row[c]) for c in METRIC_COLUMNS)
+              for row in result.history]
+    atomic_write_text(out_dir / "metrics.csv", "\n".join(lines) + "\n")
+    last = result.history[-1] if result.history else {}
+    summary = {
+        "study": spec["study"], "setting": spec["setting"], "method": spec["method"], "seed": seed,
+        "status": result.status, "diverged_round": result.diverged_round,
+        "rounds": spec["training"]["rounds"], "last_k": spec["training"]["last_k"],
+        **summarize(result, spec["training"]["last_k"]),
+        "seconds": last.get("seconds"), "config": spec, "device": str(device),
+        "versions": {"fedrepro": fedrepro.__version__, "python": platform.python_version(),
+                     "torch": torch.__version__, "numpy": np.__version__},
+    }
+    atomic_write_json(out_dir / "summary.json", summary)
+
+
+def train_job(
+    spec: dict,
+    data_path: Path,
+    partitions: dict[int, Path],
+    out_dirs: dict[int, Path],
+    checkpoint_dir: Path | None,
+    device: str = "auto",
+    threads: int = 1,
+    log: Callable[[str], None] = print,
+) -> dict[int, RunResult]:
+    """Train ``spec`` for every seed; each seed resumes from its checkpoint if one matches."""
+    torch.set_num_threads(threads)
+    dev = pick_device(device)
+    prepared = load_prepared(data_path)
+    data = to_device_data(prepared, dev, spec.get("image_size"), spec.get("channels"))
+    training = TrainingConfig(**spec["training"])
+    results = {}
+    for seed, part_path in partitions.items():
+        parts = load_partition(part_path)
+        tag = f"{spec['study']}/{spec['setting']}/{spec['method']} seed {seed}"
+        log(f"{tag}: {len(parts)} clients, device {dev}")
+        torch.manual_seed(derive_seed(seed, INIT))
+        model = build_model(spec["model"], data.shape, data.num_classes).to(dev)
+        run = FederatedRun(
+            model=model,
+            algorithm=build_algorithm(spec["algorithm"], **spec["hparams"]),
+            data=data,
+            client_indices=parts,
+            training=training,
+            weighting=make_weighting(spec["weighting"]),
+            seed=seed,
+            log=lambda msg, tag=tag: log(f"{tag}: {msg}"),
+        )
+        ckpt = checkpoint_dir / f"seed{seed}.pt" if checkpoint_dir else None
+        result = run.run(ckpt, fingerprint(spec, seed, prepared.meta["sha256"], parts))
+        write_run(Path(out_dirs[seed]), spec, seed, result, dev)
+        results[seed] = result
+    return results

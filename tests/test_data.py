@@ -1,0 +1,416 @@
+"""Tests of fedrepro.data: the embedded data sets, the .npz format, checksummed downloads, the parsers.
+
+Downloads go to a throwaway HTTP server on 127.0.0.1 that serves small files written in the real
+formats (idx gz, CIFAR python tar.gz, SVHN .mat); no other network is used.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import gzip
+import hashlib
+import importlib.util
+import io
+import pickle
+import tarfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import scipy.io
+
+from fedrepro.data import download, embedded, vision
+from fedrepro.data.download import ChecksumError, DownloadError, fetch
+from fedrepro.data.format import PreparedFormatError, load_prepared, save_prepared
+from fedrepro.data.registry import DATASETS, download_dataset, prepare_dataset, raw_files
+
+# ---------------------------------------------------------------- local HTTP server
+
+
+@dataclass
+class FileServer:
+    """What the server serves (path -> bytes), which paths it cuts off mid-body, and what was asked."""
+
+    url: str = ""
+    files: dict[str, bytes] = field(default_factory=dict)
+    cut_off: set[str] = field(default_factory=set)
+    requests: list[str] = field(default_factory=list)
+
+
+@pytest.fixture
+def server() -> Iterator[FileServer]:
+    state = FileServer()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the name http.server dispatches to)
+            name = self.path.lstrip("/")
+            state.requests.append(name)
+            body = state.files.get(name)
+            if body is None:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            # A cut-off body: the header promises every byte, the connection closes after half of them.
+            self.wfile.write(body[: len(body) // 2] if name in state.cut_off else body)
+            self.close_connection = True
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.02,), daemon=True)
+    thread.start()
+    state.url = f"http://127.0.0.1:{httpd.server_address[1]}/"
+    try:
+        yield state
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join()
+
+
+@pytest.fixture(autouse=True)
+def _no_retry_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(download, "RETRY_WAIT_S", 0.0)
+
+
+def md5(data: bytes) -> str:
+    return hashlib.md5(data).hexdigest()
+
+
+# ---------------------------------------------------------------- small files in the real formats
+
+RNG = np.random.default_rng(0)
+
+
+def idx_gz(arr: np.ndarray) -> bytes:
+    header = bytes([0, 0, 0x08, arr.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in arr.shape)
+    return gzip.compress(header + arr.astype(np.uint8).tobytes(), mtime=0)
+
+
+def pickle_bytes(obj: Any) -> bytes:
+    return pickle.dumps(obj, protocol=2)
+
+
+def tar_gz(members: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def cifar_rows(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """n random images as NHWC and as CIFAR's rows of R, G, B planes."""
+    x = RNG.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
+    return x, x.transpose(0, 3, 1, 2).reshape(n, 3072)
+
+
+def make_mnist() -> tuple[dict[str, bytes], tuple[np.ndarray, ...]]:
+    x_tr, x_te = RNG.integers(0, 256, (30, 28, 28), dtype=np.uint8), RNG.integers(0, 256, (10, 28, 28),
+                                                                                   dtype=np.uint8)
+    y_tr, y_te = RNG.integers(0, 10, 30), RNG.integers(0, 10, 10)
+    files = dict(zip(vision.SOURCES["mnist"].files, map(idx_gz, (x_tr, y_tr, x_te, y_te)), strict=True))
+    return files, (x_tr[..., None], y_tr, x_te[..., None], y_te)
+
+
+def make_cifar10() -> tuple[dict[str, bytes], tuple[np.ndarray, ...]]:
+    xs, ys, members = [], [], {}
+    for i in range(1, 7):
+        x, rows = cifar_rows(4)
+        y = RNG.integers(0, 10, 4).tolist()
+        name = f"data_batch_{i}" if i < 6 else "test_batch"
+        members[f"cifar-10-batches-py/{name}"] = pickle_bytes(
+            {"batch_label": name, "labels": y, "data": rows, "filenames": [f"{j}.png" for j in range(4)]}
+        )
+        xs.append(x)
+        ys.append(y)
+    names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+    members["cifar-10-batches-py/batches.meta"] = pickle_bytes(
+        {"num_cases_per_batch": 4, "label_names": names, "num_vis": 3072})
+    arrays = (np.concatenate(xs[:5]), np.concatenate(ys[:5]), xs[5], np.asarray(ys[5]))
+    return {"cifar-10-python.tar.gz": tar_gz(members)}, arrays
+
+
+def make_cifar100() -> tuple[dict[str, bytes], tuple[np.ndarray, ...]]:
+    members, arrays = {}, []
+    for split, n in (("train", 12), ("test", 6)):
+        x, rows = cifar_rows(n)
+        fine = RNG.integers(0, 100, n)
+        members[f"cifar-100-python/{split}"] = pickle_bytes(
+            {"filenames": [f"{j}.png" for j in range(n)], "batch_label": split, "fine_labels": fine.tolist(),
+             "coarse_labels": (fine // 5).tolist(), "data": rows})
+        arrays += [x, fine]
+    names = {"fine_label_names": [f"f{i}" for i in range(100)],
+             "coarse_label_names": [f"c{i}" for i in range(20)]}
+    members["cifar-100-python/meta"] = pickle_bytes(names)
+    return {"cifar-100-python.tar.gz": tar_gz(members)}, tuple(arrays)
+
+
+def make_svhn() -> tuple[dict[str, bytes], tuple[np.ndarray, ...]]:
+    files, arrays = {}, []
+    for fname, n in (("train_32x32.mat", 7), ("test_32x32.mat", 5)):
+        x = RNG.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
+        y = np.array([10, 1, 2, 3, 4, 5, 6, 7, 8, 9][:n], dtype=np.uint8)  # 10 stands for the digit 0
+        buf = io.BytesIO()
+        scipy.io.savemat(buf, {"X": x.transpose(1, 2, 3, 0), "y": y[:, None]})  # SVHN stores HWCN, N x 1
+        files[fname] = buf.getvalue()
+        arrays += [x, np.where(y == 10, 0, y)]
+    return files, tuple(arrays)
+
+
+MAKERS = {"mnist": make_mnist, "cifar10": make_cifar10, "cifar100": make_cifar100, "svhn": make_svhn}
+
+
+# ---------------------------------------------------------------- embedded data sets
+
+
+@pytest.fixture(scope="module")
+def built() -> dict[str, tuple[Any, ...]]:
+    return {"digits": embedded.digits(), "digits_m": embedded.digits_m()}
+
+
+@pytest.mark.parametrize("name,channels", [("digits", 1), ("digits_m", 3)])
+def test_embedded_shapes_and_split(built: dict[str, tuple[Any, ...]], name: str, channels: int) -> None:
+    x_tr, y_tr, x_te, y_te, meta = built[name]
+    assert x_tr.shape == (1347, 28, 28, channels) and x_te.shape == (450, 28, 28, channels)
+    assert x_tr.dtype == x_te.dtype == np.uint8 and y_tr.dtype == y_te.dtype == np.int64
+    assert meta["num_classes"] == 10 and meta["shape"] == [28, 28, channels] and meta["name"] == name
+    assert x_tr.max() == 255 and x_tr.min() == 0
+    all_y = np.concatenate([y_tr, y_te])
+    for c in range(10):
+        n_c = (all_y == c).sum()
+        assert abs((y_te == c).sum() - 0.25 * n_c) <= 0.5 and (y_tr == c).sum() > 0  # stratified 75/25
+
+
+def test_embedded_labels_shared_and_deterministic(built: dict[str, tuple[Any, ...]]) -> None:
+    d, m = built["digits"], built["digits_m"]
+    assert np.array_equal(d[1], m[1]) and np.array_equal(d[3], m[3])
+    again = embedded.digits_m()
+    for a, b in zip(m[:4], again[:4], strict=True):
+        assert np.array_equal(a, b)
+    assert np.array_equal(embedded.digits()[0], d[0])
+
+
+def test_digits_are_scikit_learns_digits(built: dict[str, tuple[Any, ...]]) -> None:
+    from sklearn.datasets import load_digits
+
+    x, y = embedded.load_digits_28()
+    tr, _ = embedded.split_indices(y)
+    assert np.array_equal(x[tr], built["digits"][0])
+    # Averaging the 28x28 image back over the 8x8 grid recovers the original 0..16 image closely.
+    ref = load_digits().images * (255 / 16)
+    e = np.linspace(0, 28, 9).round().astype(int)
+    pooled = np.empty(ref.shape)
+    for i in range(8):
+        for j in range(8):
+            pooled[:, i, j] = x[:, e[i]:e[i + 1], e[j]:e[j + 1], 0].mean(axis=(1, 2))
+    assert np.corrcoef(pooled.ravel(), ref.ravel())[0, 1] > 0.95
+
+
+def test_digits_m_is_mnistm_blend_of_the_digits(built: dict[str, tuple[Any, ...]]) -> None:
+    x, _ = embedded.load_digits_28()
+    textures = embedded.sample_textures()
+    tr, _ = embedded.split_indices(embedded.load_digits_28()[1])
+    blended, patches = embedded.blend_mnistm(x, textures)
+    xm = built["digits_m"][0]
+    assert np.array_equal(blended[tr], xm)
+    # Output is |patch - digit| per channel, so background pixels equal the photo patch...
+    digit = np.broadcast_to(x, patches.shape).astype(int)
+    assert np.array_equal(blended.astype(int), np.abs(patches.astype(int) - digit))
+    assert np.array_equal(blended[digit == 0], patches[digit == 0])
+    # ...and bright stroke pixels differ from it.
+    assert np.abs(blended.astype(int) - patches)[digit > 200].mean() > 60
+    # Really coloured: the channels differ.
+    assert np.abs(xm[..., 0].astype(int) - xm[..., 1]).mean() > 10
+    # Each patch is a crop of one of the two photographs.
+    for i in (0, 1, 2, 1000):
+        found = False
+        for photo in textures:
+            cand = np.argwhere((photo[:-27, :-27] == patches[i, 0, 0]).all(axis=-1))
+            found |= any(np.array_equal(photo[r:r + 28, c:c + 28], patches[i]) for r, c in cand)
+        assert found, f"patch {i} is not a crop of a sample photo"
+
+
+# ---------------------------------------------------------------- prepared format
+
+
+def test_save_load_round_trip_and_sha_mismatch(tmp_path: Path, built: dict[str, tuple[Any, ...]]) -> None:
+    out = tmp_path / "digits.npz"
+    meta = save_prepared(out, *built["digits"])
+    assert len(meta["sha256"]) == 64 and not list(tmp_path.glob("*.tmp"))
+    p = load_prepared(out)
+    for a, b in zip((p.x_train, p.y_train, p.x_test, p.y_test), built["digits"][:4], strict=True):
+        assert np.array_equal(a, b) and a.dtype == b.dtype
+    assert p.meta == meta and p.num_classes == 10
+    assert save_prepared(tmp_path / "again.npz", *built["digits"])["sha256"] == meta["sha256"]
+
+    with np.load(out) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["x_train"][0, 14, 14, 0] ^= 1
+    np.savez(out, **arrays)
+    with pytest.raises(PreparedFormatError, match=r"digits\.npz.*sha256 mismatch"):
+        load_prepared(out)
+    del arrays["y_test"]
+    np.savez(out, **arrays)
+    with pytest.raises(PreparedFormatError, match=r"digits\.npz.*missing arrays \['y_test'\]"):
+        load_prepared(out)
+
+
+def test_save_rejects_inconsistent_arrays(tmp_path: Path, built: dict[str, tuple[Any, ...]]) -> None:
+    x_tr, y_tr, x_te, y_te, meta = built["digits"]
+    with pytest.raises(PreparedFormatError, match="outside 0..9"):
+        save_prepared(tmp_path / "bad.npz", x_tr, y_tr + 1, x_te, y_te, meta)
+    with pytest.raises(PreparedFormatError, match="must be uint8"):
+        save_prepared(tmp_path / "bad.npz", x_tr.astype(np.float32), y_tr, x_te, y_te, meta)
+    assert not list(tmp_path.iterdir())
+
+
+def test_registry_prepares_embedded_and_rejects_unknown(tmp_path: Path) -> None:
+    meta = prepare_dataset("digits", tmp_path / "d" / "digits.npz")
+    assert load_prepared(tmp_path / "d" / "digits.npz").meta == meta
+    with pytest.raises(ValueError, match="known: cifar10, cifar100, digits, digits_m, fashion_mnist"):
+        prepare_dataset("imagenet", tmp_path / "x.npz")
+    with pytest.raises(ValueError, match="pass raw_dir"):
+        prepare_dataset("mnist", tmp_path / "x.npz")
+    assert download_dataset("digits_m", tmp_path / "raw") == [] and raw_files("digits") == []
+    assert raw_files("svhn") == ["train_32x32.mat", "test_32x32.mat"]
+
+
+# ---------------------------------------------------------------- downloads and parsers
+
+
+@pytest.mark.parametrize("name", ["mnist", "fashion_mnist", "cifar10", "cifar100", "svhn"])
+def test_download_and_prepare_real_formats(tmp_path: Path, server: FileServer, name: str) -> None:
+    files, expected = MAKERS.get(name, make_mnist)()
+    server.files.update(files)
+    raw = tmp_path / "raw"
+    paths = download_dataset(name, raw, mirror=server.url, checksums={f: md5(b) for f, b in files.items()})
+    assert sorted(p.name for p in paths) == sorted(files) == sorted(raw_files(name))
+    meta = prepare_dataset(name, tmp_path / f"{name}.npz", raw)
+    p = load_prepared(tmp_path / f"{name}.npz")
+    for got, want in zip((p.x_train, p.y_train, p.x_test, p.y_test), expected, strict=True):
+        assert np.array_equal(got, want)
+    assert p.meta == meta and p.meta["name"] == name and len(p.meta["classes"]) == p.num_classes
+    if name == "cifar100":
+        assert np.array_equal(np.asarray(meta["fine_to_coarse"])[p.y_train], p.y_train // 5)
+        assert meta["coarse_classes"][3] == "c3"
+    # Files already present with the right md5 are not fetched again.
+    n = len(server.requests)
+    download_dataset(name, raw, mirror=server.url, checksums={f: md5(b) for f, b in files.items()})
+    assert len(server.requests) == n
+
+
+def test_corrupt_download_is_quarantined_then_refetched(tmp_path: Path, server: FileServer) -> None:
+    good = b"the real bytes" * 100
+    server.files["f.bin"] = b"tampered bytes" * 100
+    dest, url = tmp_path / "f.bin", server.url + "f.bin"
+    with pytest.raises(ChecksumError) as err:
+        fetch(url, dest, md5(good))
+    msg = str(err.value)
+    assert all(s in msg for s in ("f.bin", url, md5(good), md5(server.files["f.bin"])))
+    assert not dest.exists() and not (tmp_path / "f.bin.part").exists()
+    assert (tmp_path / "f.bin.corrupt").read_bytes() == server.files["f.bin"]
+    server.files["f.bin"] = good
+    assert fetch(url, dest, md5(good)).read_bytes() == good
+
+
+@pytest.mark.parametrize("how", ["connection closed early", "file truncated upstream"])
+def test_truncated_archive_is_rejected(tmp_path: Path, server: FileServer, how: str) -> None:
+    files, expected = make_cifar10()
+    archive = files["cifar-10-python.tar.gz"]
+    checksums = {"cifar-10-python.tar.gz": md5(archive)}
+    if how == "connection closed early":
+        server.files["cifar-10-python.tar.gz"] = archive
+        server.cut_off.add("cifar-10-python.tar.gz")
+    else:
+        server.files["cifar-10-python.tar.gz"] = archive[: len(archive) // 2]
+    raw = tmp_path / "raw"
+    with pytest.raises(ChecksumError, match=r"cifar-10-python\.tar\.gz.*127\.0\.0\.1.*" + md5(archive)):
+        download_dataset("cifar10", raw, mirror=server.url, checksums=checksums)
+    assert (raw / "cifar-10-python.tar.gz.corrupt").exists() and not (raw / "cifar-10-python.tar.gz").exists()
+    if how == "connection closed early":
+        assert len(server.requests) == 3  # the first try and two retries
+    server.cut_off.clear()
+    server.files["cifar-10-python.tar.gz"] = archive
+    download_dataset("cifar10", raw, mirror=server.url, checksums=checksums)
+    assert np.array_equal(vision.prepare_cifar10(raw)[0], expected[0])
+
+
+def test_stale_local_file_is_replaced(tmp_path: Path, server: FileServer) -> None:
+    server.files["f.bin"] = b"new"
+    (tmp_path / "f.bin").write_bytes(b"old")
+    fetch(server.url + "f.bin", tmp_path / "f.bin", md5(b"new"))
+    assert (tmp_path / "f.bin").read_bytes() == b"new"
+    assert (tmp_path / "f.bin.corrupt").read_bytes() == b"old"
+
+
+def test_http_error_names_url(tmp_path: Path, server: FileServer) -> None:
+    with pytest.raises(DownloadError, match=r"HTTP 404 .*127\.0\.0\.1:\d+/nothing\.gz"):
+        fetch(server.url + "nothing.gz", tmp_path / "nothing.gz", "0" * 32)
+    assert server.requests == ["nothing.gz"]  # a 4xx is not retried
+    assert not list(tmp_path.iterdir())
+
+
+def test_unpickler_reads_old_numpy_pickles_and_refuses_code() -> None:
+    rows = np.arange(3072 * 2, dtype=np.uint8).reshape(2, 3072)
+    new = pickle_bytes({"data": rows, "labels": [1, 2]})
+    # The real CIFAR pickles were written by numpy 1.x, whose arrays name numpy.core.multiarray.
+    old = new.replace(b"numpy._core.multiarray", b"numpy.core.multiarray")
+    assert b"numpy.core.multiarray" in old
+    archive = io.BytesIO(tar_gz({"old": old, "evil": pickle_bytes(print)}))
+    with tarfile.open(fileobj=archive, mode="r:gz") as tar:
+        assert np.array_equal(vision._unpickle(tar, "old")["data"], rows)
+        with pytest.raises(pickle.UnpicklingError, match=r"refusing to unpickle .*\.print"):
+            vision._unpickle(tar, "evil")
+
+
+def test_idx_header_mismatch_is_an_error(tmp_path: Path) -> None:
+    data = idx_gz(np.zeros((3, 2, 2), dtype=np.uint8))
+    (tmp_path / "bad.gz").write_bytes(gzip.compress(gzip.decompress(data)[:-1]))
+    with pytest.raises(ValueError, match=r"bad\.gz: header says \[3, 2, 2\]"):
+        vision.read_idx(tmp_path / "bad.gz")
+
+
+# ---------------------------------------------------------------- official tables agree with torchvision
+
+
+def _torchvision_class_attrs(module: str) -> dict[str, dict[str, Any]]:
+    """Literal class attributes of torchvision.datasets.<module>, read from source (no torch import)."""
+    spec = importlib.util.find_spec("torchvision")
+    if spec is None or spec.origin is None:
+        pytest.skip("torchvision is not installed")
+    tree = ast.parse((Path(spec.origin).parent / "datasets" / f"{module}.py").read_text())
+    out: dict[str, dict[str, Any]] = {}
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+        attrs = out.setdefault(cls.name, {})
+        for stmt in cls.body:
+            if isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Name):
+                # Computed attributes (e.g. EMNIST's class lists) are not literals and not needed.
+                with contextlib.suppress(ValueError):
+                    attrs[stmt.targets[0].id] = ast.literal_eval(stmt.value)
+    return out
+
+
+def test_official_tables_match_torchvision() -> None:
+    mnist, cifar, svhn = (_torchvision_class_attrs(m) for m in ("mnist", "cifar", "svhn"))
+    for ours, theirs in (("mnist", mnist["MNIST"]), ("fashion_mnist", mnist["FashionMNIST"])):
+        assert vision.SOURCES[ours].files == dict(theirs["resources"])
+        assert list(vision.SOURCES[ours].mirrors) == theirs["mirrors"]
+    for ours, theirs in (("cifar10", cifar["CIFAR10"]), ("cifar100", cifar["CIFAR100"])):
+        assert vision.SOURCES[ours].files == {theirs["filename"]: theirs["tgz_md5"]}
+        assert vision.SOURCES[ours].mirrors[0] + theirs["filename"] == theirs["url"]
+    splits = {k: v for k, v in svhn["SVHN"]["split_list"].items() if k != "extra"}
+    assert vision.SOURCES["svhn"].files == {fname: m for _, fname, m in splits.values()}
+    assert all(vision.SOURCES["svhn"].mirrors[0] + fname == url for url, fname, _ in splits.values())
+    assert set(DATASETS) >= set(vision.SOURCES)

@@ -1,0 +1,170 @@
+"""Client partition schemes: coverage, sizes, skew, reproducibility, errors, persistence."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedrepro.partition import (
+    dirichlet_partition,
+    iid_partition,
+    load_partition,
+    load_partition_spec,
+    make_partition,
+    partition_stats,
+    pathological_partition,
+    save_partition,
+)
+
+C = 10
+
+
+@pytest.fixture
+def labels() -> np.ndarray:
+    # 2,000 samples, 10 classes, mildly unequal class sizes (as real data sets).
+    rng = np.random.default_rng(123)
+    return rng.choice(C, size=2000, p=np.linspace(1, 2, C) / np.linspace(1, 2, C).sum())
+
+
+def assert_exact_cover(parts: list[np.ndarray], n: int) -> None:
+    for p in parts:
+        assert p.dtype == np.int64
+        assert np.all(np.diff(p) > 0), "indices must be sorted and unique within a client"
+    allidx = np.concatenate(parts)
+    assert len(allidx) == n
+    assert np.array_equal(np.sort(allidx), np.arange(n))
+
+
+def mean_label_entropy(parts: list[np.ndarray], labels: np.ndarray) -> float:
+    ents = []
+    for p in parts:
+        q = np.bincount(labels[p], minlength=C) / len(p)
+        q = q[q > 0]
+        ents.append(-(q * np.log(q)).sum())
+    return float(np.mean(ents))
+
+
+SPECS = [
+    {"kind": "iid", "clients": 7},
+    {"kind": "dirichlet", "clients": 10, "beta": 0.5, "min_size": 10},
+    {"kind": "dirichlet", "clients": 10, "beta": 0.1, "min_size": 5, "balance": False},
+    {"kind": "pathological", "clients": 10, "classes_per_client": 2},
+    {"kind": "pathological", "clients": 4, "classes_per_client": 3},
+]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: "-".join(f"{v}" for v in s.values()))
+def test_every_sample_exactly_once(labels: np.ndarray, spec: dict) -> None:
+    parts = make_partition(labels, spec, seed=0)
+    assert len(parts) == spec["clients"]
+    assert_exact_cover(parts, len(labels))
+
+
+def test_iid_sizes_differ_by_at_most_one(labels: np.ndarray) -> None:
+    sizes = [len(p) for p in iid_partition(labels, 7, np.random.default_rng(0))]
+    assert max(sizes) - min(sizes) <= 1
+    assert sum(sizes) == len(labels)
+
+
+def test_dirichlet_reproducible(labels: np.ndarray) -> None:
+    spec = {"kind": "dirichlet", "clients": 10, "beta": 0.5}
+    a, b = make_partition(labels, spec, 1), make_partition(labels, spec, 1)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    c = make_partition(labels, spec, 2)
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c, strict=True))
+
+
+def test_dirichlet_min_size_and_skew(labels: np.ndarray) -> None:
+    rng = np.random.default_rng(0)
+    skewed = dirichlet_partition(labels, 10, 0.1, rng, min_size=20)
+    assert min(len(p) for p in skewed) >= 20
+    flat = dirichlet_partition(labels, 10, 100.0, np.random.default_rng(0))
+    iid = iid_partition(labels, 10, np.random.default_rng(0))
+    h_skew, h_flat, h_iid = (mean_label_entropy(p, labels) for p in (skewed, flat, iid))
+    # log(10) = 2.30 for uniform labels; beta = 0.1 leaves each client with ~2-3 dominant classes.
+    assert h_iid > 2.2 and h_flat > 2.1
+    assert h_skew < 0.6 * h_iid
+
+
+def test_dirichlet_balance_caps_client_size(labels: np.ndarray) -> None:
+    # NIID-Bench's cap: a client at >= N/K stops receiving, so no client can exceed N/K + one class.
+    parts = dirichlet_partition(labels, 10, 0.1, np.random.default_rng(5), min_size=1)
+    biggest_class = np.bincount(labels).max()
+    assert max(len(p) for p in parts) < len(labels) / 10 + biggest_class
+
+
+def test_dirichlet_impossible_min_size_raises(labels: np.ndarray) -> None:
+    with pytest.raises(ValueError, match="min_size=500"):
+        dirichlet_partition(labels, 10, 0.5, np.random.default_rng(0), min_size=500)
+    # Feasible in total, but beta is so small that no draw reaches it: fails after max_tries.
+    with pytest.raises(ValueError, match=r"min_size=150.*lower min_size or raise beta"):
+        dirichlet_partition(labels, 10, 0.01, np.random.default_rng(0), min_size=150, max_tries=5)
+
+
+def test_pathological_classes(labels: np.ndarray) -> None:
+    for n_clients, k in [(10, 2), (4, 3), (25, 4), (3, 10)]:
+        parts = pathological_partition(labels, n_clients, k, np.random.default_rng(n_clients))
+        held = [set(np.unique(labels[p]).tolist()) for p in parts]
+        assert all(len(h) == k for h in held), (n_clients, k, held)
+        assert set().union(*held) == set(range(C))
+        assert_exact_cover(parts, len(labels))
+
+
+def test_pathological_equal_split_within_class(labels: np.ndarray) -> None:
+    parts = pathological_partition(labels, 10, 2, np.random.default_rng(0))
+    counts = np.array(partition_stats(parts, labels, C)["class_counts"])
+    for c in range(C):
+        nz = counts[:, c][counts[:, c] > 0]
+        assert nz.max() - nz.min() <= 1
+
+
+def test_pathological_errors(labels: np.ndarray) -> None:
+    with pytest.raises(ValueError, match="n_clients \\* classes_per_client"):
+        pathological_partition(labels, 3, 3, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="classes_per_client"):
+        pathological_partition(labels, 20, 11, np.random.default_rng(0))
+
+
+def test_unknown_kind_lists_kinds(labels: np.ndarray) -> None:
+    with pytest.raises(ValueError, match="dirichlet, iid, pathological"):
+        make_partition(labels, {"kind": "bogus", "clients": 3}, 0)
+    with pytest.raises(ValueError, match="'beta'"):
+        make_partition(labels, {"kind": "dirichlet", "clients": 3}, 0)
+
+
+def test_stats(labels: np.ndarray) -> None:
+    parts = make_partition(labels, {"kind": "pathological", "clients": 5, "classes_per_client": 2}, 0)
+    stats = partition_stats(parts, labels, C)
+    assert stats["clients"] == 5 and stats["num_classes"] == C
+    assert stats["sizes"] == [len(p) for p in parts]
+    assert np.array_equal(np.sum(stats["class_counts"], axis=0), np.bincount(labels, minlength=C))
+    json.dumps(stats)
+
+
+def test_save_load_round_trip(labels: np.ndarray, tmp_path: Path) -> None:
+    spec = {"kind": "dirichlet", "clients": 6, "beta": 0.3, "min_size": 10}
+    parts = make_partition(labels, spec, 3)
+    stats = partition_stats(parts, labels, C)
+    path = tmp_path / "parts" / "seed3.npz"
+    save_partition(path, parts, stats, spec)
+    loaded = load_partition(path)
+    assert len(loaded) == len(parts)
+    assert all(np.array_equal(a, b) and b.dtype == np.int64 for a, b in zip(parts, loaded, strict=True))
+    assert load_partition_spec(path) == spec
+    side = json.loads((tmp_path / "parts" / "seed3.json").read_text())
+    assert side["spec"] == spec and side["sizes"] == stats["sizes"]
+    # Atomic writes leave no temp files behind.
+    assert sorted(os.listdir(path.parent)) == ["seed3.json", "seed3.npz"]
+
+
+def test_partition_does_not_import_torch() -> None:
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    code = "import fedrepro.partition, sys; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)

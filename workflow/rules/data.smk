@@ -1,0 +1,40 @@
+# Data sets: download (network, so a localrule) and prepare to one common .npz per data set.
+
+
+localrules:
+    download_dataset,
+
+
+def _download_inputs(wildcards):
+    return [f"{DATA}/{wildcards.dataset}/raw/{f}" for f in raw_files(wildcards.dataset)]
+
+
+rule download_dataset:
+    output:
+        f"{DATA}/{{dataset}}/raw/MANIFEST.json",
+    params:
+        mirror=lambda w: CFG["mirrors"].get(w.dataset),
+        raw_dir=lambda w, output: str(Path(output[0]).parent),
+    log:
+        f"{DATA}/logs/download/{{dataset}}.log",
+    conda:
+        "../../envs/data.yaml"
+    script:
+        "../scripts/download.py"
+
+
+rule prepare_dataset:
+    input:
+        manifest=lambda w: (
+            [f"{DATA}/{w.dataset}/raw/MANIFEST.json"] if get_spec(w.dataset).needs_download else []
+        ),
+    output:
+        f"{DATA}/{{dataset}}.npz",
+    params:
+        raw_dir=lambda w: f"{DATA}/{w.dataset}/raw" if get_spec(w.dataset).needs_download else None,
+    log:
+        f"{DATA}/logs/prepare/{{dataset}}.log",
+    conda:
+        "../../envs/data.yaml"
+    script:
+        "../scripts/prepare.py"

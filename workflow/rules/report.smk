@@ -1,0 +1,56 @@
+# Tables and figures of each study, with the published numbers beside ours.
+
+
+localrules:
+    table,
+    figure,
+
+
+def _published(wildcards):
+    paper = study_of(wildcards)["paper"]
+    return [f"config/paper/{paper}.csv"] if paper else []
+
+
+rule table:
+    input:
+        summary=f"{RES}/{{study}}/summary.csv",
+        published=_published,
+    output:
+        md=report(
+            f"{RES}/{{study}}/tables/{{table}}.md",
+            category="{study}",
+            subcategory="tables",
+            caption="../report/table.rst",
+        ),
+        tex=f"{RES}/{{study}}/tables/{{table}}.tex",
+        csv=f"{RES}/{{study}}/tables/{{table}}.csv",
+    params:
+        spec=lambda w: table_spec(w.study, w.table),
+        scale=CFG["scale"],
+    log:
+        f"{RES}/{{study}}/logs/tables/{{table}}.log",
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/table.py"
+
+
+rule figure:
+    input:
+        f"{RES}/{{study}}/runs.csv",
+    output:
+        png=report(
+            f"{RES}/{{study}}/figures/{{figure}}.png",
+            category="{study}",
+            subcategory="figures",
+            caption="../report/figure.rst",
+        ),
+        pdf=f"{RES}/{{study}}/figures/{{figure}}.pdf",
+    params:
+        spec=lambda w: figure_spec(w.study, w.figure),
+    log:
+        f"{RES}/{{study}}/logs/figures/{{figure}}.log",
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/figure.py"

@@ -1,0 +1,27 @@
+# Training: one job per method x setting (the GPU-resourced unit), every seed inside it.
+# Each seed writes runs/{setting}/{method}/seed{N}/{metrics.csv,summary.json}; the job's declared output
+# is the index of those folders, written last, so a failed job keeps its finished seeds and checkpoints.
+
+
+rule train:
+    input:
+        data=lambda w: f"{DATA}/{setting_of(w)['dataset']}.npz",
+        partitions=partition_files,
+    output:
+        f"{RES}/{{study}}/runs/{{setting}}/{{method}}/seeds.json",
+    params:
+        spec=lambda w: run_spec(study_of(w), w.setting, w.method),
+        seeds=seeds_of,
+        checkpoint_dir=lambda w: f"{RES}/{w.study}/checkpoints/{w.setting}/{w.method}",
+        device=CFG["device"],
+    threads: CFG["train_resources"]["threads"]
+    resources:
+        gpu=CFG["train_resources"]["gpu"],
+        mem_mb=CFG["train_resources"]["mem_mb"],
+        runtime=CFG["train_resources"]["runtime"],
+    log:
+        f"{RES}/{{study}}/logs/train/{{setting}}/{{method}}.log",
+    conda:
+        "../../envs/torch.yaml"
+    script:
+        "../scripts/train.py"

@@ -1,0 +1,15 @@
+"""Train one method x setting, every seed of the study."""
+
+import sys
+
+# rules may run in conda envs where fedrepro is not installed: use the checkout
+sys.path.insert(0, f"{snakemake.scriptdir}/../../src")  # noqa: F821
+
+from fedrepro import pipeline  # noqa: E402
+
+sm = snakemake  # noqa: F821
+pipeline.main_from_snakemake(
+    sm, pipeline.train, spec=sm.params.spec, data=sm.input.data, partitions=list(sm.input.partitions),
+    seeds=list(sm.params.seeds), index=sm.output[0], checkpoint_dir=sm.params.checkpoint_dir,
+    device=sm.params.device, threads=sm.threads,
+)
