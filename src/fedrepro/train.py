@@ -13,7 +13,6 @@ import torch
 
 import fedrepro
 from fedrepro.algorithms import build_algorithm
-from fedrepro.algorithms.weighting import make_weighting
 from fedrepro.data.format import load_prepared
 from fedrepro.io import atomic_write_json, atomic_write_text
 from fedrepro.models import build_model
@@ -108,7 +107,7 @@ def train_job(
             data=data,
             client_indices=parts,
             training=training,
-            weighting=make_weighting(spec["weighting"]),
+            weighting=spec["weighting"],
             seed=seed,
             log=lambda msg, tag=tag: log(f"{tag}: {msg}"),
         )

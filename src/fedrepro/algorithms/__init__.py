@@ -1,14 +1,30 @@
-"""Federated methods, one file each; ``build_algorithm`` turns a config entry into an instance."""
+"""Federated methods, one file each. Every module here that defines an ``Algorithm`` subclass with a
+``name`` is registered automatically: adding a method is adding a file."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import pkgutil
 
 from fedrepro.algorithms.base import Algorithm
-from fedrepro.algorithms.fedavg import FedAvg
-from fedrepro.algorithms.fedprox import FedProx
 
-ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (FedAvg, FedProx)}
+
+def _discover() -> dict[str, type[Algorithm]]:
+    found: dict[str, type[Algorithm]] = {}
+    for info in pkgutil.iter_modules(__path__):
+        if info.name in ("base", "weighting"):
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        for obj in vars(module).values():
+            if inspect.isclass(obj) and issubclass(obj, Algorithm) and obj.__module__ == module.__name__:
+                if obj.name in found:
+                    raise RuntimeError(f"two algorithms are named {obj.name!r}: {found[obj.name]} and {obj}")
+                found[obj.name] = obj
+    return found
+
+
+ALGORITHMS: dict[str, type[Algorithm]] = _discover()
 
 
 def hyperparameters(name: str) -> dict[str, object]:

@@ -11,12 +11,17 @@ by client id).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from fedrepro.sim.flat import FlatModel
+
+if TYPE_CHECKING:  # the engine imports this module, so only for annotations
+    from fedrepro.sim.sync import TrainingConfig
 
 
 @dataclass
@@ -38,9 +43,10 @@ class Algorithm:
     def __init__(self) -> None:
         self.state: dict = {}
 
-    def setup(self, num_params: int, num_clients: int, device: torch.device) -> None:
+    def setup(self, flat: FlatModel, num_clients: int, training: TrainingConfig) -> None:
         """Called once before round 1 (and before a checkpoint's state is loaded)."""
-        self.num_params, self.num_clients, self.device = num_params, num_clients, device
+        self.flat, self.num_clients, self.training = flat, num_clients, training
+        self.num_params, self.device = flat.numel, flat.w.device
 
     # ----- client side
     def local_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, client: Client) -> torch.Tensor:

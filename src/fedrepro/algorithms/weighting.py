@@ -1,4 +1,9 @@
-"""Aggregation-weight policies: which share of the update each sampled client gets."""
+"""Aggregation-weight policies: which share of the round's update each sampled client gets.
+
+A policy sees the sampled clients' class counts ([m, C]; sizes are their row sums) and the global
+class distribution over all clients, so size-, equal- and discrepancy-aware (Disco) weights share one
+signature and any method can use any of them.
+"""
 
 from __future__ import annotations
 
@@ -7,26 +12,28 @@ from collections.abc import Callable
 import numpy as np
 
 
-def size_weights(sizes: np.ndarray, class_counts: np.ndarray) -> np.ndarray:
+def size_weights(counts: np.ndarray, global_dist: np.ndarray) -> np.ndarray:
     """p_k proportional to the client's number of samples (FedAvg's default)."""
-    sizes = np.asarray(sizes, dtype=np.float64)
+    sizes = counts.sum(axis=1).astype(np.float64)
     return sizes / sizes.sum()
 
 
-def equal_weights(sizes: np.ndarray, class_counts: np.ndarray) -> np.ndarray:
-    """p_k = 1/K (FedDisco Table 13's baseline)."""
-    return np.full(len(sizes), 1.0 / len(sizes))
+def equal_weights(counts: np.ndarray, global_dist: np.ndarray) -> np.ndarray:
+    """p_k = 1/m (FedDisco Table 13's baseline)."""
+    return np.full(len(counts), 1.0 / len(counts))
 
 
 WEIGHTINGS: dict[str, Callable[..., np.ndarray]] = {"size": size_weights, "equal": equal_weights}
 
 
-def make_weighting(spec: dict) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
-    """A policy from its config ``{"kind": ..., **options}``; called with the sampled clients' sizes
-    and class counts ([m, C]) each round."""
-    spec = dict(spec)
-    kind = spec.pop("kind")
+def make_weighting(spec: dict, class_counts: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """A policy from its config ``{"kind": ..., **options}`` over clients with ``class_counts`` ([K, C]);
+    the result maps the sampled client ids of a round to their weights (summing to 1)."""
+    options = dict(spec)
+    kind = options.pop("kind")
     if kind not in WEIGHTINGS:
         raise ValueError(f"unknown weighting kind {kind!r}; known: {sorted(WEIGHTINGS)}")
     fn = WEIGHTINGS[kind]
-    return lambda sizes, counts: fn(sizes, counts, **spec)
+    counts = np.asarray(class_counts, dtype=np.float64)
+    global_dist = counts.sum(axis=0) / counts.sum()
+    return lambda sampled: fn(counts[sampled], global_dist, **options)

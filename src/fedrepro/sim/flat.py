@@ -32,6 +32,21 @@ class FlatModel:
             p.grad = self.g[offset : offset + n].view_as(p)
             offset += n
         self._params = params
+        self._names = [name for name, _ in model.named_parameters()]
+
+    def as_params(self, vector: torch.Tensor, prefix: str = "") -> dict[str, torch.Tensor]:
+        """``vector`` as a name -> tensor dict for ``torch.func.functional_call`` (views, no copy).
+
+        With ``prefix`` (e.g. "body."), only those parameters, names relative to that submodule: how a
+        method evaluates another model (the global or a previous local one) without a second module.
+        """
+        out, offset = {}, 0
+        for name, p in zip(self._names, self._params, strict=True):
+            n = p.numel()
+            if name.startswith(prefix):
+                out[name[len(prefix) :]] = vector[offset : offset + n].view_as(p)
+            offset += n
+        return out
 
     def load(self, vector: torch.Tensor) -> None:
         """Set the model's parameters to ``vector``."""

@@ -14,6 +14,7 @@ from torch import nn
 
 from fedrepro import seeding
 from fedrepro.algorithms.base import Algorithm, Client
+from fedrepro.algorithms.weighting import make_weighting
 from fedrepro.sim.checkpoint import load_checkpoint, save_checkpoint
 from fedrepro.sim.flat import FlatModel
 from fedrepro.sim.tensors import DeviceData, evaluate
@@ -54,21 +55,22 @@ class FederatedRun:
         data: DeviceData,
         client_indices: list[np.ndarray],
         training: TrainingConfig,
-        weighting: Callable[[np.ndarray, np.ndarray], np.ndarray],
+        weighting: dict,
         seed: int,
         log: Callable[[str], None] = print,
     ) -> None:
         self.flat = FlatModel(model)
+        self.w_init = self.flat.w.detach().clone()  # the seeded initial model, whatever runs before run()
         self.model, self.alg, self.data, self.cfg = model, algorithm, data, training
-        self.weighting, self.seed, self.log = weighting, seed, log
+        self.seed, self.log = seed, log
         device = data.x_train.device
         self.clients = [torch.as_tensor(idx, dtype=torch.long, device=device) for idx in client_indices]
-        self.sizes = np.array([len(idx) for idx in client_indices])
         labels = data.y_train.cpu().numpy()
         self.class_counts = np.stack(
             [np.bincount(labels[idx], minlength=data.num_classes) for idx in client_indices]
         )
-        self.alg.setup(self.flat.numel, len(client_indices), device)
+        self.weighting = make_weighting(weighting, self.class_counts)
+        self.alg.setup(self.flat, len(client_indices), training)
 
     # ----- one client
     def sample_clients(self, rnd: int) -> np.ndarray:
@@ -119,7 +121,7 @@ class FederatedRun:
     # ----- the loop
     def run(self, checkpoint: Path | None = None, fingerprint: str = "") -> RunResult:
         cfg = self.cfg
-        w = self.flat.w.detach().clone()  # the initial model, seeded by the caller
+        w = self.w_init.clone()
         result = RunResult()
         start_round, bytes_up, bytes_down, seconds = 1, 0, 0, 0.0
         resumed = load_checkpoint(checkpoint, fingerprint) if checkpoint else None
@@ -140,7 +142,7 @@ class FederatedRun:
             # anything that draws from torch's global RNG in this round draws the same after a resume
             torch.manual_seed(seeding.derive_seed(self.seed, seeding.SERVER, rnd))
             sampled = self.sample_clients(rnd)
-            weights = self.weighting(self.sizes[sampled], self.class_counts[sampled])
+            weights = self.weighting(sampled)
             self.alg.server_begin(w, sampled, weights)
             loss_sum = torch.zeros((), device=w.device)
             seen = 0

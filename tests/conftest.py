@@ -1,0 +1,40 @@
+"""Shared fixtures: small real data (scikit-learn's digits) and tiny runs of the engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def digits_prepared(tmp_path_factory):
+    """The embedded digits data set, prepared once per test session."""
+    from fedrepro.data.format import load_prepared
+    from fedrepro.data.registry import prepare_dataset
+
+    path = tmp_path_factory.mktemp("data") / "digits.npz"
+    prepare_dataset("digits", path)
+    return load_prepared(path)
+
+
+@pytest.fixture(scope="session")
+def small_data(digits_prepared):
+    """Digits as CPU tensors, cut to 400 train / 200 test samples to keep engine tests fast."""
+    import torch
+
+    from fedrepro.sim.tensors import to_device_data
+
+    data = to_device_data(digits_prepared, torch.device("cpu"))
+    data.x_train, data.y_train = data.x_train[:400], data.y_train[:400]
+    data.x_test, data.y_test = data.x_test[:200], data.y_test[:200]
+    return data
+
+
+def dirichlet_clients(labels, n_clients: int = 4, beta: float = 0.5, seed: int = 0) -> list[np.ndarray]:
+    from fedrepro.partition import dirichlet_partition
+
+    return dirichlet_partition(np.asarray(labels), n_clients, beta, np.random.default_rng(seed), min_size=5)

@@ -1,0 +1,173 @@
+"""The synchronous engine: FedAvg is local SGD + weighted averaging, runs are reproducible and resumable."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import dirichlet_clients
+
+from fedrepro import seeding
+from fedrepro.algorithms import build_algorithm
+from fedrepro.models import build_model
+from fedrepro.sim.checkpoint import CheckpointError
+from fedrepro.sim.flat import FlatModel
+from fedrepro.sim.sync import FederatedRun, TrainingConfig
+
+CFG = TrainingConfig(rounds=3, local_epochs=2, batch_size=16, lr=0.05, momentum=0.5, weight_decay=1e-4,
+                     eval_every=1, checkpoint_every=1)
+
+
+def make_run(data, parts, algorithm="fedavg", hparams=None, cfg=CFG, seed=0, weighting=None, model="cnn4"):
+    torch.manual_seed(seeding.derive_seed(seed, seeding.INIT))
+    net = build_model(model, data.shape, data.num_classes)
+    return FederatedRun(net, build_algorithm(algorithm, **(hparams or {})), data, parts, cfg,
+                        weighting or {"kind": "size"}, seed, log=lambda m: None)
+
+
+def metrics(result):
+    return [{k: v for k, v in row.items() if k != "seconds"} for row in result.history]
+
+
+def test_flat_model_gradients_land_in_the_flat_vector():
+    torch.manual_seed(0)
+    net = build_model("simple_cnn", (28, 28, 1), 10)
+    flat = FlatModel(net)
+    x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
+    flat.zero_grad()
+    F.cross_entropy(net(x), y).backward()
+    expected = torch.cat([p.grad.reshape(-1) for p in net.parameters()])
+    assert torch.equal(flat.g, expected) and flat.g.abs().sum() > 0
+    flat.check_bound()
+    params = torch.func.functional_call(net, flat.as_params(flat.w + 1.0), (x,))
+    assert not torch.allclose(params, net(x))  # as_params really evaluates another vector
+
+
+def test_fedprox_with_mu_zero_equals_fedavg(small_data):
+    parts = dirichlet_clients(small_data.y_train.numpy())
+    avg = make_run(small_data, parts).run()
+    prox = make_run(small_data, parts, "fedprox", {"mu": 0.0}).run()
+    a, b = metrics(avg), metrics(prox)
+    assert [r["round"] for r in a] == [1, 2, 3]
+    for ra, rb in zip(a, b, strict=True):
+        assert ra["test_acc"] == pytest.approx(rb["test_acc"], abs=1e-9)
+        assert ra["test_loss"] == pytest.approx(rb["test_loss"], rel=1e-5)
+    # and mu > 0 really changes the trajectory
+    prox1 = make_run(small_data, parts, "fedprox", {"mu": 1.0}).run()
+    assert metrics(prox1)[-1]["test_loss"] != pytest.approx(a[-1]["test_loss"], rel=1e-4)
+
+
+def test_fedavg_with_one_client_equals_plain_sgd(small_data):
+    """One client, full participation: FedAvg must be exactly torch.optim.SGD on that client's batches."""
+    idx = np.arange(len(small_data.y_train))
+    run = make_run(small_data, [idx], cfg=dataclasses.replace(CFG, rounds=2))
+    run.run()
+    ours = run.flat.w.clone()
+
+    torch.manual_seed(seeding.derive_seed(0, seeding.INIT))
+    net = build_model("cnn4", small_data.shape, small_data.num_classes)
+    tidx = torch.as_tensor(idx)
+    for rnd in (1, 2):  # a fresh optimiser per round, as every client gets
+        opt = torch.optim.SGD(net.parameters(), lr=CFG.lr, momentum=CFG.momentum,
+                              weight_decay=CFG.weight_decay)
+        gen = torch.Generator().manual_seed(seeding.derive_seed(0, seeding.BATCHES, rnd, 0))
+        for _ in range(CFG.local_epochs):
+            order = tidx[torch.randperm(len(idx), generator=gen)]
+            for start in range(0, len(idx), CFG.batch_size):
+                b = order[start : start + CFG.batch_size]
+                opt.zero_grad()
+                F.cross_entropy(net(small_data.x_train[b]), small_data.y_train[b]).backward()
+                opt.step()
+    plain = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+    assert torch.allclose(ours, plain, atol=1e-5, rtol=1e-4)
+
+
+def test_aggregation_is_the_size_weighted_average_of_client_models(small_data):
+    parts = dirichlet_clients(small_data.y_train.numpy(), n_clients=3)
+    run = make_run(small_data, parts, cfg=dataclasses.replace(CFG, rounds=1))
+    w0 = run.flat.w.clone()
+    locals_ = [run.train_client(cid, 1, w0)[0]["delta"] + w0 for cid in range(3)]
+    sizes = np.array([len(p) for p in parts], dtype=np.float64)
+    expected = sum(float(s) * w for s, w in zip(sizes / sizes.sum(), locals_, strict=True))
+    run.run()
+    assert torch.allclose(run.flat.w, expected, atol=1e-6)
+
+
+def test_identical_seeds_give_identical_metrics_and_other_seeds_do_not(small_data):
+    parts = dirichlet_clients(small_data.y_train.numpy())
+    first, again = make_run(small_data, parts).run(), make_run(small_data, parts).run()
+    assert metrics(first) == metrics(again)
+    other = make_run(small_data, parts, seed=1).run()
+    assert metrics(other) != metrics(first)
+
+
+def test_partial_participation_samples_the_join_ratio(small_data):
+    parts = dirichlet_clients(small_data.y_train.numpy(), n_clients=10, beta=5.0)
+    run = make_run(small_data, parts, cfg=dataclasses.replace(CFG, join_ratio=0.3))
+    draws = [run.sample_clients(r) for r in range(1, 20)]
+    assert all(len(d) == 3 and len(set(d.tolist())) == 3 for d in draws)
+    assert len({tuple(d) for d in draws}) > 5  # different clients in different rounds
+    again = make_run(small_data, parts, cfg=dataclasses.replace(CFG, join_ratio=0.3))
+    assert np.array_equal(again.sample_clients(7), draws[6])  # a pure function of (seed, round)
+
+
+def test_interrupted_run_resumes_to_identical_metrics(small_data, tmp_path):
+    parts = dirichlet_clients(small_data.y_train.numpy())
+    cfg = dataclasses.replace(CFG, rounds=5, checkpoint_every=2)
+    full = make_run(small_data, parts, cfg=cfg).run()
+
+    ckpt = tmp_path / "seed0.pt"
+    crashing = make_run(small_data, parts, cfg=cfg)
+    original_end = crashing.alg.server_end
+
+    def crash_in_round_4(w):
+        if len(crashing.alg.__dict__.get("_calls", [])) == 3:
+            raise KeyboardInterrupt("killed")
+        crashing.alg.__dict__.setdefault("_calls", []).append(1)
+        return original_end(w)
+
+    crashing.alg.server_end = crash_in_round_4
+    with pytest.raises(KeyboardInterrupt):
+        crashing.run(ckpt, "fp")
+    assert torch.load(ckpt, weights_only=False)["round"] == 2  # the last checkpoint before the kill
+
+    logs = []
+    resumed = make_run(small_data, parts, cfg=cfg)
+    resumed.log = logs.append
+    result = resumed.run(ckpt, "fp")
+    assert any("resumed" in m and "after round 2" in m for m in logs)
+    assert metrics(result) == metrics(full)
+
+
+def test_checkpoint_of_another_config_or_corrupt_is_refused(small_data, tmp_path):
+    parts = dirichlet_clients(small_data.y_train.numpy())
+    ckpt = tmp_path / "seed0.pt"
+    make_run(small_data, parts, cfg=dataclasses.replace(CFG, rounds=1)).run(ckpt, "config-A")
+    with pytest.raises(CheckpointError, match="another configuration"):
+        make_run(small_data, parts).run(ckpt, "config-B")
+    ckpt.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="corrupt"):
+        make_run(small_data, parts).run(ckpt, "config-A")
+
+
+def test_divergence_stops_the_run_and_says_when(small_data):
+    parts = dirichlet_clients(small_data.y_train.numpy())
+    result = make_run(small_data, parts, cfg=dataclasses.replace(CFG, lr=1e6, momentum=0.0, rounds=6)).run()
+    assert result.status == "diverged"
+    assert result.diverged_round is not None and result.diverged_round <= 6
+    assert result.history[-1]["round"] == result.diverged_round
+    assert not math.isfinite(result.history[-1]["train_loss"]) or not math.isfinite(
+        result.history[-1]["test_loss"]) or result.history[-1]["test_acc"] <= 20
+
+
+def test_bytes_are_counted_per_client_and_round(small_data):
+    parts = dirichlet_clients(small_data.y_train.numpy())
+    run = make_run(small_data, parts, cfg=dataclasses.replace(CFG, rounds=2))
+    result = run.run()
+    model_bytes = run.flat.numel * 4
+    assert result.history[0]["bytes_up"] == len(parts) * model_bytes
+    assert result.history[1]["bytes_down"] == 2 * len(parts) * model_bytes
