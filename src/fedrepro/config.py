@@ -47,6 +47,12 @@ def _with_defaults(cls):
 _Validator = _with_defaults(jsonschema.Draft7Validator)
 
 
+def did_you_mean(value: object, options) -> str:
+    """' (did you mean 'x'?)' for the closest option, or ''."""
+    close = difflib.get_close_matches(str(value), [str(o) for o in options], n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _key_path(path) -> str:
     return ".".join(str(p) for p in path) or "<top level>"
 
@@ -56,17 +62,11 @@ def _describe(error: jsonschema.ValidationError, prefix: str) -> str:
     if error.validator == "additionalProperties":
         allowed = sorted(error.schema.get("properties", {}))
         extra = sorted(set(error.instance) - set(allowed))
-        hints = []
-        for key in extra:
-            close = difflib.get_close_matches(key, allowed, n=1)
-            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        hints = [f"{key!r}{did_you_mean(key, allowed)}" for key in extra]
         return f"{where}: unknown key {', '.join(hints)}; allowed keys: {allowed}"
     if error.validator == "enum":
-        close = difflib.get_close_matches(str(error.instance), [str(v) for v in error.validator_value], n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        hint = did_you_mean(error.instance, error.validator_value)
         return f"{where}: {error.instance!r} is not one of {error.validator_value}{hint}"
-    if error.validator == "required":
-        return f"{where}: {error.message}"
     return f"{where}: {error.message}"
 
 
@@ -123,9 +123,7 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
 
     def known(key: str, value: str, options, what: str) -> None:
         if value not in options:
-            close = difflib.get_close_matches(value, list(options), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            fail(key, f"unknown {what} {value!r}{hint}; known: {sorted(options)}")
+            fail(key, f"unknown {what} {value!r}{did_you_mean(value, options)}; known: {sorted(options)}")
 
     for s, setting in study["settings"].items():
         known(f"settings.{s}.dataset", setting["dataset"], DATASETS, "data set")
@@ -139,10 +137,8 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         allowed = hyperparameters(method["algorithm"])
         for key in method["hparams"]:
             if key not in allowed:
-                close = difflib.get_close_matches(key, list(allowed), n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                fail(f"methods.{m}.hparams", f"{method['algorithm']} has no hyper-parameter {key!r}{hint}; "
-                     f"it accepts {sorted(allowed)}")
+                fail(f"methods.{m}.hparams", f"{method['algorithm']} has no hyper-parameter {key!r}"
+                     f"{did_you_mean(key, allowed)}; it accepts {sorted(allowed)}")
     runs = set()
     for i, block in enumerate(study["grid"]):
         for s in block["settings"]:

@@ -100,7 +100,7 @@ def train_job(
         tag = f"{spec['study']}/{spec['setting']}/{spec['method']} seed {seed}"
         log(f"{tag}: {len(parts)} clients, device {dev}")
         torch.manual_seed(derive_seed(seed, INIT))
-        model = build_model(spec["model"], data.shape, data.num_classes).to(dev)
+        model = build_model(spec["model"], data.shape, data.num_classes, **data.model_kwargs).to(dev)
         run = FederatedRun(
             model=model,
             algorithm=build_algorithm(spec["algorithm"], **spec["hparams"]),

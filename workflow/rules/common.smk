@@ -5,7 +5,7 @@ from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-# Rules run inside per-rule conda envs where fedrepro is not installed: import it from the checkout.
+# Jobs may run in the conda envs of envs/, where fedrepro is not installed, so import it from the checkout.
 SRC = str(Path(workflow.basedir) / "src")
 sys.path.insert(0, SRC)
 
@@ -20,16 +20,6 @@ except ConfigError as exc:
 DATA = CFG["data_dir"]
 RES = CFG["results_dir"]
 STUDIES = CFG["studies"]
-NAME = r"[A-Za-z0-9_\-]+"
-
-
-wildcard_constraints:
-    study=NAME,
-    setting=NAME,
-    method=NAME,
-    dataset=NAME,
-    table=NAME,
-    figure=NAME,
 
 
 def study_of(wildcards):
@@ -48,19 +38,6 @@ def partition_files(wildcards):
     return [
         f"{RES}/{wildcards.study}/partitions/{wildcards.setting}/seed{s}.npz"
         for s in seeds_of(wildcards)
-    ]
-
-
-def run_dir(study, setting, method, seed):
-    return f"{RES}/{study}/runs/{setting}/{method}/seed{seed}"
-
-
-def run_files(study, name):
-    """metrics.csv or summary.json of every run of a study's grid."""
-    return [
-        f"{run_dir(study, s, m, seed)}/{name}"
-        for s, m in grid_runs(STUDIES[study])
-        for seed in STUDIES[study]["seeds"]
     ]
 
 
@@ -95,3 +72,9 @@ def figure_spec(study, name):
         "settings": [{"setting": k, "label": label_of(s, "settings", k)} for k in f["settings"]],
         "methods": [{"method": k, "label": label_of(s, "methods", k)} for k in f["methods"]],
     }
+
+
+def published_numbers(wildcards):
+    """The paper's published numbers (config/paper/<paper>.csv), if the study names a paper."""
+    paper = study_of(wildcards)["paper"]
+    return [f"{workflow.basedir}/config/paper/{paper}.csv"] if paper else []

@@ -5,10 +5,6 @@ localrules:
     download_dataset,
 
 
-def _download_inputs(wildcards):
-    return [f"{DATA}/{wildcards.dataset}/raw/{f}" for f in raw_files(wildcards.dataset)]
-
-
 rule download_dataset:
     output:
         f"{DATA}/{{dataset}}/raw/MANIFEST.json",

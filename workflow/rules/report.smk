@@ -6,15 +6,10 @@ localrules:
     figure,
 
 
-def _published(wildcards):
-    paper = study_of(wildcards)["paper"]
-    return [f"config/paper/{paper}.csv"] if paper else []
-
-
 rule table:
     input:
         summary=f"{RES}/{{study}}/summary.csv",
-        published=_published,
+        published=published_numbers,
     output:
         md=report(
             f"{RES}/{{study}}/tables/{{table}}.md",

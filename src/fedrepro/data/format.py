@@ -64,9 +64,11 @@ def _check(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test:
         raise PreparedFormatError(f"{where}: {len(meta['classes'])} class names for "
                                   f"num_classes={meta['num_classes']}")
     for split, x, y in (("train", x_train, y_train), ("test", x_test, y_test)):
-        if x.dtype != np.uint8 or y.dtype != np.int64:
-            raise PreparedFormatError(f"{where}: x_{split} must be uint8 and y_{split} int64, "
-                                      f"got {x.dtype} and {y.dtype}")
+        # images are uint8 pixels; text is token ids, as small an integer type as the vocabulary allows
+        x_types = (np.uint16, np.int32) if meta.get("kind") == "text" else (np.uint8,)
+        if x.dtype not in x_types or y.dtype != np.int64:
+            raise PreparedFormatError(f"{where}: x_{split} must be {'/'.join(t.__name__ for t in x_types)} "
+                                      f"and y_{split} int64, got {x.dtype} and {y.dtype}")
         if y.ndim != 1 or len(x) != len(y):
             raise PreparedFormatError(f"{where}: x_{split} has {len(x)} rows, y_{split} shape {y.shape}")
         if list(x.shape[1:]) != list(meta["shape"]):

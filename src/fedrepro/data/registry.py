@@ -12,19 +12,23 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from fedrepro.data import embedded, vision
+from fedrepro.data import embedded, feddisco_sets, vision
 from fedrepro.data.format import save_prepared
 
 
 @dataclass(frozen=True)
 class DatasetSpec:
-    """One data set: `download(raw_dir, mirror=None, checksums=None)` and `prepare(raw_dir)`."""
+    """One data set: `download(raw_dir, mirror=None, checksums=None)` and `prepare(raw_dir)`.
+
+    `files` names the raw files the download step leaves in raw_dir (empty: the vision tables say).
+    """
 
     name: str
     needs_download: bool
     download: Callable[..., list[Path]] | None
     prepare: Callable[..., tuple[Any, ...]]
     manual_instructions: str | None
+    files: tuple[str, ...] = ()
 
 
 def _manual(name: str) -> str:
@@ -47,6 +51,15 @@ DATASETS: dict[str, DatasetSpec] = {
     "cifar10": _vision("cifar10", vision.prepare_cifar10),
     "cifar100": _vision("cifar100", vision.prepare_cifar100),
     "svhn": _vision("svhn", vision.prepare_svhn),
+    "cinic10": DatasetSpec("cinic10", True, partial(feddisco_sets.download, "cinic10"),
+                           feddisco_sets.prepare_cinic10, feddisco_sets.manual_instructions("cinic10"),
+                           tuple(feddisco_sets.REMOTES["cinic10"].files)),
+    # Downloaded by hand: its "download" step only checks that the files are in place.
+    "ham10000": DatasetSpec("ham10000", True, feddisco_sets.check_ham10000, feddisco_sets.prepare_ham10000,
+                            feddisco_sets.manual_instructions("ham10000"), feddisco_sets.HAM_FILES),
+    "ag_news": DatasetSpec("ag_news", True, partial(feddisco_sets.download, "ag_news"),
+                           feddisco_sets.prepare_ag_news, feddisco_sets.manual_instructions("ag_news"),
+                           tuple(feddisco_sets.REMOTES["ag_news"].files)),
 }
 
 
@@ -61,6 +74,8 @@ def get_spec(name: str) -> DatasetSpec:
 def raw_files(name: str) -> list[str]:
     """File names the download step writes into the raw directory (empty for embedded data sets)."""
     spec = get_spec(name)
+    if spec.files:
+        return list(spec.files)
     return list(vision.SOURCES[name].files) if spec.needs_download else []
 
 

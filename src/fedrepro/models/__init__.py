@@ -14,22 +14,28 @@ from torch import nn
 
 from fedrepro.models.cnn import SplitModel, cnn4, lenet5, simple_cnn
 from fedrepro.models.resnet import resnet18_gn
+from fedrepro.models.text import textcnn
 
-__all__ = ["MODELS", "SplitModel", "build_model"]
+__all__ = ["MODELS", "TEXT_MODELS", "SplitModel", "build_model"]
 
-# name -> builder(shape=(H, W, C), num_classes, **kwargs)
+# name -> builder(shape=(H, W, C), num_classes, **kwargs); text models take shape=(L,) token ids
 MODELS: dict[str, Callable[..., SplitModel]] = {
     "simple_cnn": simple_cnn,
     "lenet5": lenet5,
     "cnn4": cnn4,
     "resnet18_gn": resnet18_gn,
+    "textcnn": textcnn,
 }
+TEXT_MODELS = frozenset({"textcnn"})
 
 
-def build_model(name: str, shape: tuple[int, int, int], num_classes: int, **kwargs: Any) -> nn.Module:
-    """Build model ``name`` for inputs of ``shape`` = (H, W, C) and ``num_classes`` outputs."""
+def build_model(name: str, shape: tuple[int, ...], num_classes: int, **kwargs: Any) -> nn.Module:
+    """Build model ``name`` for inputs of ``shape`` = (H, W, C), or (L,) for text models, and
+    ``num_classes`` outputs (text models also take ``vocab_size``)."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(sorted(MODELS))}")
-    if len(shape) != 3:
+    if name in TEXT_MODELS and len(shape) != 1:
+        raise ValueError(f"{name} takes token ids: shape must be (L,), got {shape}")
+    if name not in TEXT_MODELS and len(shape) != 3:
         raise ValueError(f"shape must be (H, W, C), got {shape}")
     return MODELS[name](tuple(int(s) for s in shape), int(num_classes), **kwargs)

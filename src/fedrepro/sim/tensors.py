@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -11,17 +11,21 @@ import torch.nn.functional as F
 
 @dataclass
 class DeviceData:
-    """A data set as float tensors on the run's device, standardised with train-set channel stats."""
+    """A data set as tensors on the run's device: standardised float images [N,C,H,W] (train-set
+    channel statistics) or long token ids [N,L]."""
 
     x_train: torch.Tensor
     y_train: torch.Tensor
     x_test: torch.Tensor
     y_test: torch.Tensor
     num_classes: int
+    model_kwargs: dict = field(default_factory=dict)  # e.g. vocab_size for text models
 
     @property
-    def shape(self) -> tuple[int, int, int]:
-        """(H, W, C) of one input, the convention of the prepared files and build_model."""
+    def shape(self) -> tuple[int, ...]:
+        """(H, W, C) of one image, or (L,) of one token sequence: build_model's convention."""
+        if self.x_train.ndim == 2:
+            return (self.x_train.shape[1],)
         _, c, h, w = self.x_train.shape
         return (h, w, c)
 
@@ -44,6 +48,14 @@ def to_device_data(
     prepared, device: torch.device, image_size: int | None = None, channels: int | None = None
 ) -> DeviceData:
     """Move a prepared data set (fedrepro.data.format.Prepared) to ``device`` as standardised tensors."""
+    meta = prepared.meta
+    if meta.get("kind") == "text":
+        return DeviceData(
+            *(torch.as_tensor(a.astype(np.int64), device=device)
+              for a in (prepared.x_train, prepared.y_train, prepared.x_test, prepared.y_test)),
+            num_classes=int(meta["num_classes"]),
+            model_kwargs={"vocab_size": int(meta["vocab_size"])},
+        )
     x_train = images_to_tensor(prepared.x_train, device, image_size, channels)
     x_test = images_to_tensor(prepared.x_test, device, image_size, channels)
     mean = x_train.mean(dim=(0, 2, 3), keepdim=True)

@@ -1,0 +1,96 @@
+"""Config and study validation: every bad input is a clear error naming the key, value and choices."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+from conftest import REPO
+
+from fedrepro.config import ConfigError, grid_runs, resolve_config, run_spec
+
+
+@pytest.fixture
+def config():
+    return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+
+
+def study(cfg):
+    return cfg["studies"]["feddisco"]
+
+
+def test_embedded_config_resolves_with_defaults(config):
+    resolved = resolve_config(config)
+    s = resolved["studies"]["feddisco"]
+    assert grid_runs(s) == [("niid1", "fedavg"), ("niid1", "fedprox"), ("path2", "fedavg"), ("path2", "fedprox")]
+    spec = run_spec(s, "niid1", "fedprox")
+    assert spec["hparams"] == {"mu": 0.01}
+    assert spec["weighting"] == {"kind": "size"}  # a schema default
+    assert spec["training"]["join_ratio"] == 1.0  # a schema default
+    assert spec["training"]["local_epochs"] == 2  # the study's value
+    assert resolved["device"] == "auto" and resolved["train_resources"]["gpu"] == 0
+
+
+def test_setting_and_method_overrides_win_over_defaults(config):
+    study(config)["settings"]["niid1"]["training"] = {"rounds": 7}
+    study(config)["methods"]["fedprox"]["training"] = {"lr": 0.5}
+    s = resolve_config(config)["studies"]["feddisco"]
+    assert run_spec(s, "niid1", "fedprox")["training"]["rounds"] == 7
+    assert run_spec(s, "niid1", "fedprox")["training"]["lr"] == 0.5
+    assert run_spec(s, "path2", "fedavg")["training"]["rounds"] == 20
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda c: study(c)["defaults"].update(rouns=3), r"defaults: unknown key 'rouns' \(did you mean 'rounds'\?\)"),
+        (lambda c: study(c)["defaults"].update(rounds="ten"), r"defaults.rounds: 'ten' is not of type 'integer'"),
+        (lambda c: study(c)["settings"]["niid1"]["partition"].update(beta=0),
+         r"settings.niid1.partition.beta: 0 is less than or equal to the minimum of 0"),
+        (lambda c: study(c)["settings"]["niid1"]["partition"].update(beta=-1), r"partition.beta: -1"),
+        (lambda c: study(c)["defaults"].update(join_ratio=1.5), r"defaults.join_ratio: 1.5 is greater than"),
+        (lambda c: study(c)["defaults"].update(join_ratio=0), r"defaults.join_ratio: 0 is less than or equal"),
+        (lambda c: study(c)["methods"]["fedavg"].update(algorithm="fedavgg"),
+         r"methods.fedavg.algorithm: unknown algorithm 'fedavgg' \(did you mean 'fedavg'\?\)"),
+        (lambda c: study(c)["settings"]["niid1"].update(dataset="cifar11"),
+         r"settings.niid1.dataset: unknown data set 'cifar11' \(did you mean 'cifar10'\?\)"),
+        (lambda c: study(c)["settings"]["niid1"].update(model="lenet"), r"unknown model 'lenet'"),
+        (lambda c: study(c)["methods"]["fedprox"]["hparams"].update(nu=1),
+         r"methods.fedprox.hparams: fedprox has no hyper-parameter 'nu' \(did you mean 'mu'\?\)"),
+        (lambda c: study(c)["settings"]["niid1"]["partition"].update(kind="dirichlett"),
+         r"partition.kind: 'dirichlett' is not one of .* \(did you mean 'dirichlet'\?\)"),
+        (lambda c: study(c)["settings"]["niid1"]["partition"].pop("beta"), r"kind 'dirichlet' needs key 'beta'"),
+        (lambda c: study(c)["grid"].__setitem__(0, {"settings": ["niid1"], "methods": ["fedavg"]}),
+         r"tables.table1: cell \(fedavg, path2\) names a run the grid does not produce"),
+        (lambda c: study(c)["grid"][0]["methods"].append("scafold"), r"grid.0.methods: unknown method .scafold."),
+        (lambda c: c.update(device="gpu"), r"device: 'gpu' is not one of"),
+        (lambda c: c.update(studys={}), r"unknown key 'studys' \(did you mean 'studies'\?\)"),
+    ],
+)
+def test_bad_input_names_the_key(config, mutate, expected):
+    bad = copy.deepcopy(config)
+    mutate(bad)
+    with pytest.raises(ConfigError, match=expected):
+        resolve_config(bad)
+
+
+def test_more_clients_than_samples_is_a_clear_error(digits_prepared):
+    from fedrepro.partition import make_partition
+
+    with pytest.raises(ValueError, match="min_size"):
+        make_partition(digits_prepared.y_train, {"kind": "dirichlet", "clients": 5000, "beta": 0.5,
+                                                 "min_size": 1}, seed=0)
+
+
+def test_study_file_errors_name_the_file(tmp_path, config):
+    path = tmp_path / "mystudy.yaml"
+    s = study(config)
+    s["seeds"] = "zero"
+    path.write_text(yaml.safe_dump(s))
+    config["studies"] = {"mine": str(path)}
+    with pytest.raises(ConfigError, match=r"mystudy.yaml: seeds: 'zero' is not of type 'array'"):
+        resolve_config(config)
+    config["studies"] = {"mine": str(tmp_path / "missing.yaml")}
+    with pytest.raises(ConfigError, match="missing.yaml: file not found"):
+        resolve_config(config)

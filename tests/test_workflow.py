@@ -1,0 +1,101 @@
+"""The Snakemake workflow: lint-clean, a dry run of the DAG, and a tiny real run end to end."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from conftest import REPO
+
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+
+
+def snakemake(*args: str, cwd: Path = REPO, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([*SNAKEMAKE, "-s", str(REPO / "Snakefile"), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def job_counts(output: str) -> dict[str, int]:
+    table = output.split("Job stats:")[1]
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, flags=re.M)}
+
+
+def test_lint_is_clean():
+    proc = snakemake("--lint")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Congratulations" in proc.stdout + proc.stderr
+
+
+def test_dry_run_of_the_embedded_default_lists_every_job(tmp_path):
+    proc = snakemake("-n", "--directory", str(tmp_path), "--configfile", str(REPO / "config" / "config.yaml"))
+    assert proc.returncode == 0, proc.stderr
+    counts = job_counts(proc.stdout)
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    for study in config["studies"].values():
+        runs = {(s, m) for block in study["grid"] for s in block["settings"] for m in block["methods"]}
+        assert counts["train"] >= len(runs)
+    assert counts["prepare_dataset"] >= 1 and counts["aggregate"] == len(config["studies"])
+
+
+def test_bad_config_fails_before_any_job_with_the_key_named(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train_resources: {gpus: 1}\n")
+    proc = snakemake("-n", "--directory", str(tmp_path), "--configfile", str(bad))
+    assert proc.returncode != 0
+    assert "train_resources: unknown key 'gpus' (did you mean 'gpu'?)" in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_tiny_pipeline_runs_end_to_end(tmp_path):
+    config = tmp_path / "tiny.yaml"
+    config.write_text("studies:\n  feddisco: tests/data/tiny_study.yaml\n")
+    proc = snakemake("--cores", "2", "--directory", str(tmp_path), "--configfile", str(config), timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = tmp_path / "results" / "feddisco"
+    for path in ["tables/t1.md", "tables/t1.tex", "tables/t1.csv", "figures/curves.png", "figures/curves.pdf",
+                 "runs.csv", "summary.csv", "partitions/iid4/seed1.npz", "partitions/iid4/seed1.json"]:
+        assert (out / path).stat().st_size > 0, path
+    summary = pd.read_csv(out / "summary.csv")
+    assert len(summary) == 4 and set(summary["status"]) == {"complete"}
+    cells = pd.read_csv(out / "tables" / "t1.csv").set_index("method")
+    fedavg = summary[summary["method"] == "fedavg"]["final_acc"]
+    assert cells.loc["fedavg", "ours_mean"] == pytest.approx(fedavg.mean())
+    assert cells.loc["fedavg", "paper_mean"] == pytest.approx(68.47)
+    run = json.loads((out / "runs/iid4/fedprox/seed0/summary.json").read_text())
+    assert run["config"]["hparams"] == {"mu": 0.1} and run["seed"] == 0
+    assert (out / "logs/train/iid4/fedprox.log").read_text().count("round 2/2") == 2  # progress per seed
+    again = snakemake("--cores", "2", "--directory", str(tmp_path), "--configfile", str(config), "-n")
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_conda_envs_pin_exactly_the_lock():
+    lock = {}
+    for line in (REPO / "requirements.lock").read_text().splitlines():
+        name, _, version = line.partition("==")
+        lock[name.lower()] = version
+    envs = sorted((REPO / "envs").glob("*.yaml"))
+    assert envs
+    for env in envs:
+        deps = yaml.safe_load(env.read_text())["dependencies"]
+        pip = next(d["pip"] for d in deps if isinstance(d, dict))
+        for pin in pip:
+            name, _, version = pin.partition("==")
+            assert version, f"{env.name}: {pin} is not pinned"
+            assert lock.get(name.lower()) == version, f"{env.name}: {pin} != lock {lock.get(name.lower())}"
+        assert all("=" in d for d in deps if isinstance(d, str)), f"{env.name}: unpinned conda package"
+    # every rule names one of these envs
+    rules = "".join(p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk"))
+    assert rules.count("rule ") == rules.count("conda:") == rules.count("log:")
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (REPO / "README.md").read_text()
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "make test" in readme and "make run" in readme
+    assert "make test" in ci
