@@ -16,7 +16,10 @@ from fedrepro.partition import (
     iid_partition,
     load_partition,
     load_partition_spec,
+    longtail_counts,
+    longtail_test_indices,
     make_partition,
+    niid2_partition,
     partition_stats,
     pathological_partition,
     save_partition,
@@ -132,7 +135,7 @@ def test_pathological_errors(labels: np.ndarray) -> None:
 
 
 def test_unknown_kind_lists_kinds(labels: np.ndarray) -> None:
-    with pytest.raises(ValueError, match="dirichlet, iid, pathological"):
+    with pytest.raises(ValueError, match="dirichlet, iid, imbalance, niid2, pathological"):
         make_partition(labels, {"kind": "bogus", "clients": 3}, 0)
     with pytest.raises(ValueError, match="'beta'"):
         make_partition(labels, {"kind": "dirichlet", "clients": 3}, 0)
@@ -168,3 +171,134 @@ def test_partition_does_not_import_torch() -> None:
     env = {**os.environ, "PYTHONPATH": str(src)}
     code = "import fedrepro.partition, sys; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+# ----- FedDisco: NIID-2 and global imbalance
+
+
+def assert_disjoint_sorted(parts: list[np.ndarray]) -> np.ndarray:
+    for p in parts:
+        assert p.dtype == np.int64 and np.all(np.diff(p) > 0)
+    allidx = np.concatenate(parts)
+    assert len(np.unique(allidx)) == len(allidx), "a sample is in two clients"
+    return allidx
+
+
+def test_niid2_structure(labels: np.ndarray) -> None:
+    parts = make_partition(labels, {"kind": "niid2", "clients": 6, "biased": 5, "unbiased": 1}, seed=0)
+    assert len(parts) == 6
+    held = [np.unique(labels[p]).tolist() for p in parts]
+    # the official code's pairs: biased client i holds (2i mod 10, 2i+1 mod 10); the last client holds all
+    assert held[:5] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+    assert held[5] == list(range(C))
+    assert len({len(p) for p in parts}) == 1, "all clients have the same size"
+    allidx = assert_disjoint_sorted(parts)
+    counts = np.array(partition_stats(parts, labels, C)["class_counts"])
+    u = counts[5, 0]
+    assert np.all(counts[5] == u), "the unbiased client is exactly uniform"
+    assert all(counts[i, 2 * i] == counts[i, 2 * i + 1] == 5 * u for i in range(5))
+    # u is the largest every class can supply (each class: one biased client x 5u + one unbiased x u)
+    assert u == np.bincount(labels).min() // 6
+    stats = partition_stats(parts, labels, C)
+    assert stats["dropped"] == len(labels) - len(allidx) > 0
+    assert np.array_equal(stats["dropped_class_counts"], np.bincount(labels, minlength=C) - 6 * u)
+
+
+def test_niid2_official_sizes() -> None:
+    # CIFAR-10-like: 5,000 per class. 5+1 clients: shard floor(5000/6) = 833, every client 10 x 833 samples.
+    labels = np.random.default_rng(0).permutation(np.repeat(np.arange(C), 5000))
+    parts = make_partition(labels, {"kind": "niid2", "clients": 6}, seed=0)
+    assert [len(p) for p in parts] == [8330] * 6
+    assert partition_stats(parts, labels, C)["dropped_class_counts"] == [2] * C
+    # partial participation, 50 biased + 10 unbiased (the default split of 60): floor(5000/60) = 83
+    parts = make_partition(labels, {"kind": "niid2", "clients": 60}, seed=0)
+    assert {len(p) for p in parts} == {830}
+    held = [np.unique(labels[p]).tolist() for p in parts]
+    assert held[:50] == [[2 * (i % 5), 2 * (i % 5) + 1] for i in range(50)]
+    assert all(h == list(range(C)) for h in held[50:])
+    assert_disjoint_sorted(parts)
+
+
+def test_niid2_other_class_counts() -> None:
+    # CIFAR-100: C/5 = 20 classes per biased client.
+    labels = np.repeat(np.arange(100), 60)
+    parts = niid2_partition(labels, 5, 1, np.random.default_rng(0))
+    held = [np.unique(labels[p]).tolist() for p in parts]
+    assert held[:5] == [list(range(20 * i, 20 * i + 20)) for i in range(5)]
+    assert {len(p) for p in parts} == {1000}
+    # AG News: 4 classes, 4 biased clients with 2 classes + 1 with all 4; C/5 is not defined, so say it.
+    labels = np.repeat(np.arange(4), 300)
+    with pytest.raises(ValueError, match="classes_per_biased"):
+        make_partition(labels, {"kind": "niid2", "clients": 5, "unbiased": 1}, 0)
+    parts = make_partition(labels, {"kind": "niid2", "clients": 5, "unbiased": 1, "classes_per_biased": 2}, 0)
+    assert [np.unique(labels[p]).tolist() for p in parts] == [[0, 1], [2, 3], [0, 1], [2, 3], [0, 1, 2, 3]]
+    assert {len(p) for p in parts} == {240}
+    assert_disjoint_sorted(parts)
+
+
+def test_niid2_spec_errors(labels: np.ndarray) -> None:
+    with pytest.raises(ValueError, match=r"biased \(5\) \+ unbiased \(2\) must equal clients \(6\)"):
+        make_partition(labels, {"kind": "niid2", "clients": 6, "biased": 5, "unbiased": 2}, 0)
+    with pytest.raises(ValueError, match="too few samples per class"):
+        make_partition(labels, {"kind": "niid2", "clients": 600}, 0)
+
+
+def test_longtail_counts() -> None:
+    counts = longtail_counts(5000, 20, 10)
+    assert counts[0] == 5000 and counts[-1] == 250  # the paper's example
+    expected = [round(5000 * 20 ** (-c / 9)) for c in range(10)]
+    assert counts.tolist() == expected
+    assert np.all(np.diff(counts) < 0)
+    assert longtail_counts(100, 1, 10).tolist() == [100] * 10
+    with pytest.raises(ValueError, match="rho"):
+        longtail_counts(100, 0.5, 10)
+
+
+@pytest.mark.parametrize("rho", [2, 10, 50])
+def test_imbalance_partition(rho: float) -> None:
+    labels = np.random.default_rng(1).permutation(np.repeat(np.arange(C), 500))
+    spec = {"kind": "imbalance", "clients": 10, "rho": rho, "beta": 0.5, "min_size": 5}
+    parts = make_partition(labels, spec, seed=0)
+    assert len(parts) == 10 and min(len(p) for p in parts) >= 5
+    allidx = assert_disjoint_sorted(parts)
+    per_class = np.bincount(labels[allidx], minlength=C)
+    # class c keeps round(n_max rho^(-c/(C-1))) samples, n_max = 500 (the smallest class)
+    np.testing.assert_allclose(per_class, 500 * rho ** (-np.arange(C) / (C - 1)), atol=0.5)
+    assert per_class[0] == 500 and abs(per_class[0] / rho - per_class[-1]) <= 1
+    stats = partition_stats(parts, labels, C)
+    assert stats["dropped"] == len(labels) - per_class.sum()
+    # Dirichlet over clients: label-skewed, unlike an even split of the same samples
+    counts = np.array(stats["class_counts"], dtype=float)
+    shares = counts / counts.sum(axis=0)  # each class's split over the clients
+    assert np.mean(np.abs(shares - 0.1).sum(axis=0)) > 0.5
+    assert np.array_equal(np.concatenate(make_partition(labels, spec, seed=0)), np.concatenate(parts))
+
+
+def test_imbalance_defaults_and_errors(labels: np.ndarray) -> None:
+    # n_max defaults to the smallest class's count, so rho = 1 truncates every class to it
+    parts = make_partition(labels, {"kind": "imbalance", "clients": 4, "rho": 1, "beta": 1.0}, 0)
+    per_class = np.bincount(labels[np.concatenate(parts)], minlength=C)
+    assert np.all(per_class == np.bincount(labels).min())
+    spec = {"kind": "imbalance", "clients": 4, "rho": 10, "beta": 1.0, "n_max": 100}
+    parts = make_partition(labels, spec, 0)
+    per_class = np.bincount(labels[np.concatenate(parts)], minlength=C)
+    assert per_class.tolist() == longtail_counts(100, 10, C).tolist()
+    with pytest.raises(ValueError, match="lower n_max"):
+        make_partition(labels, {**spec, "n_max": 10_000}, 0)
+    with pytest.raises(ValueError, match="'rho'"):
+        make_partition(labels, {"kind": "imbalance", "clients": 4, "beta": 1.0}, 0)
+
+
+def test_dirichlet_cap_below_even_share_rejected(labels: np.ndarray) -> None:
+    with pytest.raises(ValueError, match="cap must be >= N/K"):
+        dirichlet_partition(labels, 10, 0.5, np.random.default_rng(0), cap=100)
+
+
+@pytest.mark.parametrize("rho", [1, 10, 50])
+def test_longtail_test_indices(rho: float) -> None:
+    labels = np.random.default_rng(2).permutation(np.repeat(np.arange(C), 100))
+    idx = longtail_test_indices(labels, rho, np.random.default_rng(0))
+    assert idx.dtype == np.int64 and np.all(np.diff(idx) > 0)
+    assert np.bincount(labels[idx], minlength=C).tolist() == longtail_counts(100, rho, C).tolist()
+    other = longtail_test_indices(labels, rho, np.random.default_rng(1))
+    assert rho == 1 or not np.array_equal(idx, other)  # a random subset, not the first samples of each class

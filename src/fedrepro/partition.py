@@ -1,7 +1,8 @@
 """Client partitions of a labelled data set (numpy only: this module runs in a light rule without torch).
 
 Every scheme takes integer labels ``[N]`` and a ``numpy.random.Generator`` and returns one sorted int64
-index array per client. Unless a scheme says otherwise, every sample index appears in exactly one client.
+index array per client. Unless a scheme says otherwise, every sample index appears in exactly one client;
+``niid2`` and ``imbalance`` leave some samples in no client (``partition_stats`` reports them as dropped).
 A new scheme is one function plus one entry in ``PARTITIONERS``.
 """
 
@@ -20,9 +21,13 @@ __all__ = [
     "PARTITIONERS",
     "dirichlet_partition",
     "iid_partition",
+    "imbalance_partition",
     "load_partition",
     "load_partition_spec",
+    "longtail_counts",
+    "longtail_test_indices",
     "make_partition",
+    "niid2_partition",
     "partition_stats",
     "pathological_partition",
     "save_partition",
@@ -57,17 +62,22 @@ def dirichlet_partition(
     min_size: int = 10,
     max_tries: int = 100,
     balance: bool = True,
+    cap: float | None = None,
 ) -> list[np.ndarray]:
     """Label-skewed split of NIID-Bench / the official FedDisco code (their ``noniid-labeldir``).
 
     For each class the shuffled indices are split at the cumulative proportions ~ Dir(beta * 1_K). With
-    ``balance`` a client that already holds >= N/K samples gets no more (NIID-Bench's cap). The whole draw
-    is repeated until every client has >= ``min_size`` samples, at most ``max_tries`` times.
+    ``balance`` a client that already holds >= ``cap`` samples (default N/K) gets no more (NIID-Bench's
+    cap). The whole draw is repeated until every client has >= ``min_size`` samples, at most ``max_tries``
+    times.
     """
     labels = _check_inputs(labels, n_clients)
     if beta <= 0:
         raise ValueError(f"beta must be > 0, got {beta}")
     n = len(labels)
+    cap = n / n_clients if cap is None else cap
+    if cap < n / n_clients:
+        raise ValueError(f"cap must be >= N/K = {n / n_clients:g} (else all may be capped), got {cap}")
 
     def fail(reason: str) -> ValueError:
         return ValueError(
@@ -88,7 +98,7 @@ def dirichlet_partition(
             rng.shuffle(idx)
             p = rng.dirichlet(np.full(n_clients, beta))
             if balance:
-                uncapped = sizes < n / n_clients  # never all False: the classes not yet dealt are missing
+                uncapped = sizes < cap  # never all False as cap >= N/K: the classes not yet dealt are missing
                 p = p * uncapped
                 # For tiny beta all mass may sit on capped clients (the rest underflow to 0); NIID-Bench
                 # would divide by zero there, we split evenly among the uncapped clients instead.
@@ -145,15 +155,145 @@ def pathological_partition(
     return _finish(parts)
 
 
+def niid2_partition(
+    labels: np.ndarray,
+    biased: int,
+    unbiased: int,
+    rng: np.random.Generator,
+    classes_per_biased: int | None = None,
+) -> list[np.ndarray]:
+    """FedDisco's NIID-2: ``biased`` clients holding C/5 classes each, then ``unbiased`` clients holding all C
+    classes, every client of the same size S = C * u.
+
+    Biased client i holds the classes at positions (g*i + j) mod C, j < g, with g = ``classes_per_biased``
+    (default C/5, the paper; for C = 10 this is the official code's (2i mod 10, 2i+1 mod 10)), and S/g
+    samples of each (the first S mod g of its classes one more when g does not divide S). An unbiased client
+    holds u samples of every class. u is the largest value every class can supply; with equal class sizes
+    and a multiple of C/g biased clients it is the official code's floor(N / C / K). Each class's shuffled
+    indices are dealt without replacement; the rest of each class is dropped (in no client).
+    """
+    labels = _check_inputs(labels, biased + unbiased)
+    if biased < 0 or unbiased < 0:
+        raise ValueError(f"niid2_partition: biased and unbiased must be >= 0, got {biased} and {unbiased}")
+    classes, avail = np.unique(labels, return_counts=True)
+    n_cls = len(classes)
+    if classes_per_biased is None:
+        if n_cls % 5:
+            raise ValueError(
+                f"niid2_partition: biased clients hold C/5 classes, but C = {n_cls} is not a multiple of 5; "
+                "set classes_per_biased"
+            )
+        classes_per_biased = n_cls // 5
+    g = classes_per_biased
+    if not 1 <= g <= n_cls:
+        raise ValueError(f"classes_per_biased must be in 1..{n_cls} (number of classes), got {g}")
+    held = [[(g * i + j) % n_cls for j in range(g)] for i in range(biased)]
+
+    def amounts(u: int) -> np.ndarray:
+        """[clients, C] samples per client and class position when every client holds S = C * u."""
+        need = np.zeros((biased + unbiased, n_cls), dtype=np.int64)
+        per, extra = divmod(n_cls * u, g)
+        for i, mine in enumerate(held):
+            need[i, mine] = per + (np.arange(g) < extra)
+        need[biased:] = u
+        return need
+
+    # Per class a biased holder takes about u*C/g and an unbiased client u: start at that bound, step down
+    # past the rounding of S/g.
+    rate = np.bincount(np.asarray(held, dtype=np.int64).ravel(), minlength=n_cls) * n_cls / g + unbiased
+    u = int(np.min(avail[rate > 0] // rate[rate > 0]))
+    while u > 0 and np.any(amounts(u).sum(axis=0) > avail):
+        u -= 1
+    if u < 1:
+        raise ValueError(
+            f"niid2_partition({biased} biased + {unbiased} unbiased): too few samples per class (smallest: "
+            f"{avail.min()}) to give every client one sample of each class it holds; use fewer clients"
+        )
+    need = amounts(u)
+    parts: list[list[int]] = [[] for _ in range(biased + unbiased)]
+    for ci, c in enumerate(classes):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        ends = np.cumsum(need[:, ci])
+        for k, (a, b) in enumerate(zip(ends - need[:, ci], ends, strict=True)):
+            parts[k].extend(idx[a:b].tolist())
+    return _finish(parts)
+
+
+def longtail_counts(n_max: int, rho: float, num_classes: int) -> np.ndarray:
+    """n_c = round(n_max * rho^(-c / (C-1))), c = 0..C-1 (Cui et al., 2019; FedDisco's global imbalance)."""
+    if rho < 1:
+        raise ValueError(f"rho (imbalance ratio) must be >= 1, got {rho}")
+    expo = np.arange(num_classes) / max(num_classes - 1, 1)
+    counts = np.rint(n_max * float(rho) ** -expo).astype(np.int64)
+    if counts.min() < 1:
+        raise ValueError(f"n_max={n_max} with rho={rho} leaves the last class without samples; lower rho")
+    return counts
+
+
+def _longtail_subset(
+    labels: np.ndarray, rho: float, rng: np.random.Generator, n_max: int | None
+) -> np.ndarray:
+    classes, avail = np.unique(labels, return_counts=True)
+    n_max = int(avail.min()) if n_max is None else n_max
+    keep = longtail_counts(n_max, rho, len(classes))
+    short = np.flatnonzero(keep > avail)
+    if len(short):
+        c = short[0]
+        raise ValueError(
+            f"long-tail subset (n_max={n_max}, rho={rho}) needs {keep[c]} samples of class {classes[c]}, "
+            f"which has {avail[c]}; lower n_max"
+        )
+    chosen = [
+        rng.choice(np.flatnonzero(labels == c), k, replace=False) for c, k in zip(classes, keep, strict=True)
+    ]
+    return np.sort(np.concatenate(chosen)).astype(np.int64)
+
+
+def longtail_test_indices(
+    labels: np.ndarray, rho: float, rng: np.random.Generator, n_max: int | None = None
+) -> np.ndarray:
+    """Sorted indices of a test subset whose class c (c-th smallest label) keeps
+    round(n_max * rho^(-c/(C-1))) samples drawn without replacement; n_max defaults to the smallest class's
+    count. FedDisco's Table 5 tests on such a set matching the long-tailed training data."""
+    return _longtail_subset(_check_inputs(labels, 1), rho, rng, n_max)
+
+
+def imbalance_partition(
+    labels: np.ndarray,
+    n_clients: int,
+    rho: float,
+    beta: float,
+    rng: np.random.Generator,
+    n_max: int | None = None,
+    min_size: int = 10,
+    max_tries: int = 100,
+    balance: bool = True,
+) -> list[np.ndarray]:
+    """FedDisco's global imbalance: keep n_c = round(n_max * rho^(-c/(C-1))) random samples of class c (c-th
+    smallest label; n_max defaults to the smallest class's count), then split them by
+    :func:`dirichlet_partition`. The other samples are in no client. As in the official code, ``balance``
+    caps a client at the *full* training set's N/K, not the subset's."""
+    labels = _check_inputs(labels, n_clients)
+    kept = _longtail_subset(labels, rho, rng, n_max)
+    parts = dirichlet_partition(
+        labels[kept], n_clients, beta, rng, min_size=min_size, max_tries=max_tries, balance=balance,
+        cap=len(labels) / n_clients,
+    )
+    return _finish([kept[p] for p in parts])
+
+
 def partition_stats(parts: list[np.ndarray], labels: np.ndarray, num_classes: int) -> dict[str, Any]:
-    """Per-client sizes and class counts (JSON-serialisable)."""
+    """Per-client sizes and class counts, and the samples in no client (``dropped``; JSON-serialisable)."""
     labels = np.asarray(labels)
     counts = [np.bincount(labels[p], minlength=num_classes).tolist() for p in parts]
+    dropped = np.bincount(labels, minlength=num_classes) - np.sum(counts, axis=0, dtype=np.int64)
     return {
         "clients": len(parts),
         "sizes": [len(p) for p in parts],
         "class_counts": counts,
         "num_classes": num_classes,
+        "dropped": int(dropped.sum()),
+        "dropped_class_counts": dropped.tolist(),
     }
 
 
@@ -206,6 +346,24 @@ def _require(spec: dict, key: str) -> Any:
     return spec[key]
 
 
+def _niid2_split(spec: dict) -> tuple[int, int]:
+    """(biased, unbiased) of a niid2 spec: either may be left out; with both out, the paper's 5:1 ratio
+    (5 + 1 clients, 50 + 10 for partial participation) gives unbiased = max(1, clients // 6)."""
+    clients = _require(spec, "clients")
+    biased, unbiased = spec.get("biased"), spec.get("unbiased")
+    if biased is None:
+        unbiased = max(1, clients // 6) if unbiased is None else unbiased
+        biased = clients - unbiased
+    elif unbiased is None:
+        unbiased = clients - biased
+    if biased < 0 or unbiased < 0 or biased + unbiased != clients:
+        raise ValueError(
+            f"partition spec of kind 'niid2': biased ({biased}) + unbiased ({unbiased}) must equal clients "
+            f"({clients}), both >= 0"
+        )
+    return biased, unbiased
+
+
 # Adapters from a spec dict to a scheme: one entry per kind.
 PARTITIONERS: dict[str, Callable[[np.ndarray, dict, np.random.Generator], list[np.ndarray]]] = {
     "iid": lambda labels, spec, rng: iid_partition(labels, _require(spec, "clients"), rng),
@@ -220,6 +378,20 @@ PARTITIONERS: dict[str, Callable[[np.ndarray, dict, np.random.Generator], list[n
     ),
     "pathological": lambda labels, spec, rng: pathological_partition(
         labels, _require(spec, "clients"), _require(spec, "classes_per_client"), rng
+    ),
+    "niid2": lambda labels, spec, rng: niid2_partition(
+        labels, *_niid2_split(spec), rng, classes_per_biased=spec.get("classes_per_biased")
+    ),
+    "imbalance": lambda labels, spec, rng: imbalance_partition(
+        labels,
+        _require(spec, "clients"),
+        _require(spec, "rho"),
+        _require(spec, "beta"),
+        rng,
+        n_max=spec.get("n_max"),
+        min_size=spec.get("min_size", 10),
+        max_tries=spec.get("max_tries", 100),
+        balance=spec.get("balance", True),
     ),
 }
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 # Purposes keep the streams of one run independent of each other.
-INIT, SAMPLING, BATCHES, DELAYS, SERVER = 1, 2, 3, 4, 5
+INIT, SAMPLING, BATCHES, DELAYS, SERVER, STRAGGLERS = 1, 2, 3, 4, 5, 6
 
 
 def derive_seed(*coords: int) -> int:

@@ -71,6 +71,7 @@ def write_run(out_dir: Path, spec: dict, seed: int, result: RunResult, device: t
         "status": result.status, "diverged_round": result.diverged_round,
         "rounds": spec["training"]["rounds"], "last_k": spec["training"]["last_k"],
         **summarize(result, spec["training"]["last_k"]),
+        "per_class_acc": result.per_class_acc,
         "seconds": last.get("seconds"), "config": spec, "device": str(device),
         "versions": {"fedrepro": fedrepro.__version__, "python": platform.python_version(),
                      "torch": torch.__version__, "numpy": np.__version__},

@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from fedrepro.algorithms.disco import disco_weights
+
 
 def size_weights(counts: np.ndarray, global_dist: np.ndarray) -> np.ndarray:
     """p_k proportional to the client's number of samples (FedAvg's default)."""
@@ -23,7 +25,11 @@ def equal_weights(counts: np.ndarray, global_dist: np.ndarray) -> np.ndarray:
     return np.full(len(counts), 1.0 / len(counts))
 
 
-WEIGHTINGS: dict[str, Callable[..., np.ndarray]] = {"size": size_weights, "equal": equal_weights}
+WEIGHTINGS: dict[str, Callable[..., np.ndarray]] = {
+    "size": size_weights,
+    "equal": equal_weights,
+    "disco": disco_weights,  # FedDisco, Eq. 3: options a, b, metric, target (see disco.py)
+}
 
 
 def make_weighting(spec: dict, class_counts: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
@@ -36,4 +42,5 @@ def make_weighting(spec: dict, class_counts: np.ndarray) -> Callable[[np.ndarray
     fn = WEIGHTINGS[kind]
     counts = np.asarray(class_counts, dtype=np.float64)
     global_dist = counts.sum(axis=0) / counts.sum()
+    fn(counts, global_dist, **options)  # bad options fail here, at set-up, not in the first round
     return lambda sampled: fn(counts[sampled], global_dist, **options)

@@ -23,10 +23,17 @@ SUMMARY_COLUMNS = [
     "seconds",
 ]
 STATUSES = {"complete", "diverged"}
+# Optional per-run list (test accuracy per class, percent), carried as a JSON string; "" when absent.
+PER_CLASS = "per_class_acc"
 
 
 class RunDataError(ValueError):
     """A run folder's file exists but cannot be used; the message names the file."""
+
+
+def _is_number_or_null(v: object) -> bool:
+    # null: a class the test set lacks has no accuracy.
+    return v is None or (isinstance(v, int | float) and not isinstance(v, bool))
 
 
 def _read_summary(path: Path) -> dict:
@@ -43,7 +50,13 @@ def _read_summary(path: Path) -> dict:
         raise RunDataError(f"run summary {path} lacks keys {missing}")
     if data["status"] not in STATUSES:
         raise RunDataError(f"run summary {path}: status {data['status']!r} not in {sorted(STATUSES)}")
-    return {k: data[k] for k in SUMMARY_COLUMNS}
+    row = {k: data[k] for k in SUMMARY_COLUMNS}
+    per_class = data.get(PER_CLASS)
+    if per_class is not None:
+        if not isinstance(per_class, list) or not all(_is_number_or_null(v) for v in per_class):
+            raise RunDataError(f"run summary {path}: {PER_CLASS} is not a list of numbers")
+        row[PER_CLASS] = json.dumps(per_class)
+    return row
 
 
 def _read_metrics(path: Path) -> pd.DataFrame:
@@ -79,7 +92,8 @@ def collect_runs(run_dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Read run folders into (runs, summary).
 
     runs: one row per run and evaluation round (run keys + every metrics.csv column);
-    summary: one row per run (``SUMMARY_COLUMNS``). Raises FileNotFoundError / RunDataError
+    summary: one row per run (``SUMMARY_COLUMNS``, plus ``per_class_acc`` as a JSON list string when
+    any run's summary.json has one; "" for the runs without). Raises FileNotFoundError / RunDataError
     naming the offending file.
     """
     frames: list[pd.DataFrame] = []
@@ -96,7 +110,10 @@ def collect_runs(run_dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
         rows.append(summary)
         frames.append(metrics.assign(**{k: summary[k] for k in KEYS}))
 
-    summary_df = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+    has_per_class = any(PER_CLASS in row for row in rows)
+    summary_df = pd.DataFrame(rows, columns=SUMMARY_COLUMNS + [PER_CLASS] * has_per_class)
+    if has_per_class:
+        summary_df[PER_CLASS] = summary_df[PER_CLASS].fillna("").astype(str)
     summary_df = summary_df.astype({"seed": "int64", "diverged_round": "Int64", "last_k": "Int64"})
     for col in ("final_acc", "best_acc", "last_k_acc", "seconds"):
         summary_df[col] = pd.to_numeric(summary_df[col], errors="coerce").astype("float64")

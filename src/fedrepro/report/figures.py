@@ -1,4 +1,8 @@
-"""Render learning curves (metric vs round, one panel per setting, one line per method)."""
+"""Learning curves (metric vs round, one panel per setting, one line per method) and shared figure helpers.
+
+The helpers (``new_figure``, ``panel_axes``, ``figure_title``, ``save_figure``) are used by every figure
+kind; paper-specific kinds live beside this module (``figures_feddisco``).
+"""
 
 from __future__ import annotations
 
@@ -44,6 +48,44 @@ def _save_atomic(fig: Figure, path: Path, **kwargs) -> None:
         raise
 
 
+def new_figure(width: float, height: float) -> Figure:
+    """A bare Figure on an Agg canvas: no pyplot state, no GUI backend, nothing left open.
+
+    Call it (and draw, and save) inside ``mpl.rc_context(FIGURE_RC)``.
+    """
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def panel_axes(fig: Figure, n: int, **kwargs) -> list:
+    """``n`` axes in a grid of at most ``MAX_COLS`` columns; the unused trailing cells are hidden."""
+    ncols, nrows = grid_shape(n)
+    axes = fig.subplots(nrows, ncols, squeeze=False, **kwargs).ravel()
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    return list(axes[:n])
+
+
+def grid_shape(n: int) -> tuple[int, int]:
+    """(columns, rows) that ``panel_axes`` uses for ``n`` panels."""
+    ncols = min(MAX_COLS, n)
+    return ncols, math.ceil(n / ncols)
+
+
+def figure_title(spec: dict) -> str:
+    """The spec's caption, or its name when the caption is empty."""
+    return spec.get("caption") or spec.get("name", "")
+
+
+def save_figure(fig: Figure, out_stem: Path) -> None:
+    """Write ``out_stem``.png (150 dpi) and ``out_stem``.pdf, each atomically."""
+    out_stem = Path(out_stem)
+    _save_atomic(fig, out_stem.parent / (out_stem.name + ".png"), dpi=150)
+    # No creation date, so rerunning an unchanged figure gives identical bytes.
+    _save_atomic(fig, out_stem.parent / (out_stem.name + ".pdf"), metadata={"CreationDate": None})
+
+
 def render_curves(spec: dict, runs: pd.DataFrame, out_stem: Path) -> None:
     """Write ``out_stem``.png (150 dpi) and .pdf: mean curve per method with a band over seeds.
 
@@ -72,16 +114,13 @@ def render_curves(spec: dict, runs: pd.DataFrame, out_stem: Path) -> None:
     seeds = sorted(set(data.groupby(["setting", "method"])["seed"].nunique()))
     n_text = f"n = {seeds[0]}" if len(seeds) == 1 else f"n = {seeds[0]}–{seeds[-1]}"
 
-    ncols = min(MAX_COLS, len(settings))
-    nrows = math.ceil(len(settings) / ncols)
+    ncols, nrows = grid_shape(len(settings))
     palette, dashes = method_palette(labels), method_dashes(labels)
     with mpl.rc_context(FIGURE_RC):
-        # A bare Figure on an Agg canvas: no pyplot state, no GUI backend, nothing left open.
-        fig = Figure(figsize=(3.8 * ncols, 3.0 * nrows + 1.2), layout="constrained")
-        FigureCanvasAgg(fig)
-        axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+        fig = new_figure(3.8 * ncols, 3.0 * nrows + 1.2)
+        axes = panel_axes(fig, len(settings))
         handles: dict[str, object] = {}
-        for ax, setting in zip(axes, settings, strict=False):
+        for ax, setting in zip(axes, settings, strict=True):
             panel = data[data["setting"] == setting["setting"]]
             ax.set_title(setting["label"])
             ax.set_xlabel(AXIS_LABELS.get(x, x))
@@ -108,8 +147,6 @@ def render_curves(spec: dict, runs: pd.DataFrame, out_stem: Path) -> None:
                 handles.setdefault(lab, h)
             if ax.get_legend() is not None:
                 ax.get_legend().remove()
-        for ax in axes[len(settings) :]:
-            ax.set_visible(False)
         order = [lab for lab in labels if lab in handles]
         fig.legend(
             [handles[lab] for lab in order],
@@ -118,8 +155,5 @@ def render_curves(spec: dict, runs: pd.DataFrame, out_stem: Path) -> None:
             ncols=min(len(order), 6),
             title=f"method (line: mean over seeds; {band_text}, {n_text})",
         )
-        fig.suptitle(spec.get("caption", spec.get("name", "")))
-        out_stem = Path(out_stem)
-        _save_atomic(fig, out_stem.parent / (out_stem.name + ".png"), dpi=150)
-        # No creation date, so rerunning an unchanged figure gives identical bytes.
-        _save_atomic(fig, out_stem.parent / (out_stem.name + ".pdf"), metadata={"CreationDate": None})
+        fig.suptitle(figure_title(spec))
+        save_figure(fig, out_stem)

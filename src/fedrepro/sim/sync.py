@@ -32,6 +32,7 @@ class TrainingConfig:
     eval_every: int = 1
     last_k: int = 5
     checkpoint_every: int = 10
+    straggler_steps: list[int] | None = None  # [lo, hi]: local iterations drawn per client and round
 
 
 @dataclass
@@ -39,6 +40,7 @@ class RunResult:
     history: list[dict] = field(default_factory=list)
     status: str = "complete"
     diverged_round: int | None = None
+    per_class_acc: list[float] | None = None  # of the final model, in percent
 
 
 def payload_bytes(tensors: dict[str, torch.Tensor]) -> int:
@@ -92,31 +94,48 @@ class FederatedRun:
         loss_sum = torch.zeros((), device=w_global.device)
         seen = 0
         x_all, y_all = self.data.x_train, self.data.y_train
-        for _ in range(cfg.local_epochs):
-            order = idx[torch.randperm(n, generator=gen).to(idx.device)]
-            for start in range(0, n, cfg.batch_size):
-                batch = order[start : start + cfg.batch_size]
-                flat.zero_grad()
-                loss = alg.local_loss(self.model, x_all[batch], y_all[batch], client)
-                loss.backward()
-                with torch.no_grad():
-                    step = flat.g
-                    alg.correct_grad(flat.w, step, client)
-                    if cfg.weight_decay:
-                        step.add_(flat.w, alpha=cfg.weight_decay)
-                    if cfg.momentum:
-                        if momentum_buf is None:
-                            momentum_buf = step.clone()
-                        else:
-                            momentum_buf.mul_(cfg.momentum).add_(step)
-                        step = momentum_buf
-                    flat.w.add_(step, alpha=-cfg.lr)
-                    loss_sum += loss.detach() * len(batch)
-                seen += len(batch)
-                client.steps += 1
+        for batch in self.local_batches(idx, gen, rnd, cid):
+            flat.zero_grad()
+            loss = alg.local_loss(self.model, x_all[batch], y_all[batch], client)
+            loss.backward()
+            with torch.no_grad():
+                step = flat.g
+                alg.correct_grad(flat.w, step, client)
+                if cfg.weight_decay:
+                    step.add_(flat.w, alpha=cfg.weight_decay)
+                if cfg.momentum:
+                    if momentum_buf is None:
+                        momentum_buf = step.clone()
+                    else:
+                        momentum_buf.mul_(cfg.momentum).add_(step)
+                    step = momentum_buf
+                flat.w.add_(step, alpha=-cfg.lr)
+                loss_sum += loss.detach() * len(batch)
+            seen += len(batch)
+            client.steps += 1
         with torch.no_grad():
             upload = alg.upload(client, flat.w)
         return upload, loss_sum, seen
+
+    def local_batches(self, idx: torch.Tensor, gen: torch.Generator, rnd: int, cid: int):
+        """Index batches of one client's local training: ``local_epochs`` reshuffled passes, or, with
+        ``straggler_steps = [lo, hi]``, a number of iterations drawn uniformly per client and round
+        (FedDisco's device-heterogeneity setting), cycling through reshuffled passes."""
+        cfg, n = self.cfg, len(idx)
+        if cfg.straggler_steps:
+            lo, hi = cfg.straggler_steps
+            budget = int(seeding.rng_for(self.seed, seeding.STRAGGLERS, rnd, cid).integers(lo, hi + 1))
+        else:
+            budget = math.inf
+        taken, epoch = 0, 0
+        while taken < budget and (cfg.straggler_steps or epoch < cfg.local_epochs):
+            order = idx[torch.randperm(n, generator=gen).to(idx.device)]
+            for start in range(0, n, cfg.batch_size):
+                if taken >= budget:
+                    return
+                yield order[start : start + cfg.batch_size]
+                taken += 1
+            epoch += 1
 
     # ----- the loop
     def run(self, checkpoint: Path | None = None, fingerprint: str = "") -> RunResult:
@@ -180,6 +199,7 @@ class FederatedRun:
             if diverged:
                 break
         self.flat.load(w)
+        result.per_class_acc = evaluate(self.model, self.data.x_test, self.data.y_test, self.data.num_classes)[2]
         return result
 
 

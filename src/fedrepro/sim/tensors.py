@@ -70,17 +70,28 @@ def to_device_data(
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 2048):
-    """(accuracy in percent, mean cross-entropy) of ``model`` on (x, y)."""
+def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int | None = None,
+             batch_size: int = 2048):
+    """(accuracy in percent, mean cross-entropy) of ``model`` on (x, y); with ``num_classes``, also
+    the per-class accuracies in percent (None for a class absent from y)."""
     was_training = model.training
     model.eval()
     correct = torch.zeros((), device=x.device)
     loss = torch.zeros((), device=x.device)
+    hits = torch.zeros(num_classes or 1, device=x.device)
     for start in range(0, len(y), batch_size):
         logits = model(x[start : start + batch_size])
         target = y[start : start + batch_size]
         loss += F.cross_entropy(logits, target, reduction="sum")
-        correct += (logits.argmax(1) == target).sum()
+        right = logits.argmax(1) == target
+        correct += right.sum()
+        if num_classes:
+            hits += torch.bincount(target[right], minlength=num_classes)
     model.train(was_training)
     n = max(len(y), 1)
-    return 100.0 * correct.item() / n, loss.item() / n
+    acc, mean_loss = 100.0 * correct.item() / n, loss.item() / n
+    if not num_classes:
+        return acc, mean_loss
+    totals = torch.bincount(y, minlength=num_classes).double()
+    per_class = [None if t == 0 else 100.0 * h / t for h, t in zip(hits.tolist(), totals.tolist(), strict=True)]
+    return acc, mean_loss, per_class

@@ -1,0 +1,68 @@
+"""MOON (Li et al., 2021): model-contrastive learning between local, global and previous local features.
+
+loss = CE + mu * l_con, l_con = -log(e^{sim(z, z_glob)/T} / (e^{sim(z, z_glob)/T} + e^{sim(z, z_prev)/T}))
+with cosine similarity on z = model.body(x): the representation before the head. MOON's extra
+projection head is not used (the models here are body + linear head for every method, so MOON trains
+the same architecture as the baselines it is compared with). z_glob comes from the round's global
+vector, z_prev from the client's model at the end of its previous participation (a buffer of one, MOON's
+default); both are evaluated with the same module via torch.func.functional_call, without gradient.
+On a client's first participation prev = global: then l_con = log 2 whatever z, so the term has zero
+gradient, as in the official code's round 1, whose empty pool leaves only the positive logit (a client
+first sampled later contrasts there with its never-trained initial net; here with the global model).
+mu = 0 is FedAvg exactly: no extra forward passes and no stored models.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+from fedrepro.algorithms.base import Algorithm, Client
+
+if TYPE_CHECKING:
+    from fedrepro.sim.flat import FlatModel
+    from fedrepro.sim.sync import TrainingConfig
+
+
+def contrastive_loss(
+    z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """MOON's l_con, averaged over the batch: cross-entropy with the global features as the positive."""
+    logits = torch.stack([F.cosine_similarity(z, z_glob, dim=-1), F.cosine_similarity(z, z_prev, dim=-1)], 1)
+    return F.cross_entropy(logits / temperature, torch.zeros(len(z), dtype=torch.long, device=z.device))
+
+
+class Moon(Algorithm):
+    name = "moon"
+
+    def __init__(self, mu: float = 0.1, temperature: float = 0.5) -> None:
+        super().__init__()
+        self.mu, self.temperature = mu, temperature
+
+    def setup(self, flat: FlatModel, num_clients: int, training: TrainingConfig) -> None:
+        super().setup(flat, num_clients, training)
+        self.state = {"prev": {}}  # client id -> its last local model (flat vector)
+
+    def features(self, model: nn.Module, vector: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``model.body(x)`` with the parameters ``vector``, without gradient."""
+        with torch.no_grad():
+            return functional_call(model.body, self.flat.as_params(vector, "body."), (x,))
+
+    def local_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, client: Client) -> torch.Tensor:
+        if self.mu == 0:
+            return super().local_loss(model, x, y, client)
+        z = model.body(x)
+        z_glob = self.features(model, client.w_start, x)
+        prev = self.state["prev"].get(client.cid)
+        z_prev = z_glob if prev is None else self.features(model, prev, x)
+        l_con = contrastive_loss(z, z_glob, z_prev, self.temperature)
+        return F.cross_entropy(model.head(z), y) + self.mu * l_con
+
+    def upload(self, client: Client, w_end: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.mu != 0:
+            self.state["prev"][client.cid] = w_end.clone()
+        return super().upload(client, w_end)

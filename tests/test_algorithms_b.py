@@ -1,0 +1,256 @@
+"""FedDyn, FedDC and MOON: they reduce to FedAvg when switched off, their hooks follow the papers'
+formulas (checked against autograd on the written-out local objective), and their state survives a
+checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import dirichlet_clients
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from fedrepro import seeding
+from fedrepro.algorithms import build_algorithm
+from fedrepro.algorithms.base import Client
+from fedrepro.models import build_model
+from fedrepro.sim.sync import FederatedRun, TrainingConfig
+
+MODEL = "simple_cnn"
+CFG = TrainingConfig(rounds=3, local_epochs=2, batch_size=16, lr=0.05, momentum=0.5, weight_decay=1e-4,
+                     eval_every=1, checkpoint_every=1)
+
+
+def make_run(data, parts, algorithm="fedavg", hparams=None, cfg=CFG, seed=0):
+    torch.manual_seed(seeding.derive_seed(seed, seeding.INIT))
+    net = build_model(MODEL, data.shape, data.num_classes)
+    return FederatedRun(net, build_algorithm(algorithm, **(hparams or {})), data, parts, cfg,
+                        {"kind": "size"}, seed, log=lambda m: None)
+
+
+def metrics(result):
+    return [{k: v for k, v in row.items() if k != "seconds"} for row in result.history]
+
+
+def net_at(data, vector):
+    net = build_model(MODEL, data.shape, data.num_classes)
+    vector_to_parameters(vector.clone(), net.parameters())
+    return net
+
+
+def reference_sgd(run, cid, rnd, w_start, extra):
+    """The client's local training written out with torch.optim.SGD on CE + extra(w), by autograd."""
+    cfg, data = run.cfg, run.data
+    net = net_at(data, w_start)
+    params = list(net.parameters())
+    opt = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    gen = torch.Generator().manual_seed(seeding.derive_seed(run.seed, seeding.BATCHES, rnd, cid))
+    idx = run.clients[cid]
+    for _ in range(cfg.local_epochs):
+        order = idx[torch.randperm(len(idx), generator=gen)]
+        for start in range(0, len(idx), cfg.batch_size):
+            b = order[start : start + cfg.batch_size]
+            opt.zero_grad()
+            loss = F.cross_entropy(net(data.x_train[b]), data.y_train[b])
+            (loss + extra(parameters_to_vector(params))).backward()
+            opt.step()
+    return parameters_to_vector(params).detach()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """These models are tiny: intra-op threads only add overhead, and spin badly on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def parts(small_data):
+    return dirichlet_clients(small_data.y_train.numpy())
+
+
+@pytest.fixture(scope="module")
+def fedavg(small_data, parts):
+    run = make_run(small_data, parts)
+    return metrics(run.run()), run.flat.w.clone()
+
+
+@pytest.mark.parametrize(("algorithm", "off", "on"), [
+    ("feddyn", {"alpha": 0.0}, {"alpha": 0.1}),
+    ("feddc", {"alpha": 0.0, "grad_correction": False, "max_grad_norm": 0.0}, {"alpha": 0.1}),
+    ("moon", {"mu": 0.0}, {"mu": 1.0}),
+])
+def test_switched_off_equals_fedavg_exactly(small_data, parts, fedavg, algorithm, off, on):
+    run = make_run(small_data, parts, algorithm, off)
+    assert metrics(run.run()) == fedavg[0]
+    assert torch.equal(run.flat.w, fedavg[1])
+    assert all(not v for v in run.alg.state.values() if isinstance(v, dict))  # no per-client state either
+    switched_on = make_run(small_data, parts, algorithm, on, cfg=dataclasses.replace(CFG, rounds=1))
+    switched_on.run()
+    assert not torch.allclose(switched_on.flat.w, fedavg[1])
+
+
+def three_clients(data):
+    return dirichlet_clients(data.y_train.numpy(), n_clients=3, beta=5.0)
+
+
+def small_noise(run, scale=1e-2, seed=0):
+    return scale * torch.randn(run.flat.numel, generator=torch.Generator().manual_seed(seed))
+
+
+def test_feddyn_local_training_and_server_follow_the_formulas(small_data):
+    alpha = 0.1
+    run = make_run(small_data, three_clients(small_data), "feddyn", {"alpha": alpha})
+    alg, w0 = run.alg, run.flat.w.clone()
+    grad_prev = small_noise(run)
+    alg.state["grad"][0] = grad_prev.clone()
+
+    up0 = run.train_client(0, 1, w0)[0]
+    # local objective L_k(w) - <grad_k, w> + alpha/2 ||w - w_global||^2
+    ref = reference_sgd(run, 0, 1, w0, lambda w: -(grad_prev @ w) + alpha / 2 * (w - w0).square().sum())
+    assert torch.allclose(w0 + up0["delta"], ref, atol=1e-5)
+    assert torch.allclose(alg.state["grad"][0], grad_prev - alpha * up0["delta"], atol=1e-7)
+
+    up2 = run.train_client(2, 1, w0)[0]
+    assert torch.allclose(alg.state["grad"][2], -alpha * up2["delta"])  # first participation: from zero
+    # server: two of N = 3 clients, weights p = (0.7, 0.3)
+    alg.server_begin(w0, np.array([0, 2]), np.array([0.7, 0.3]))
+    alg.server_receive(0, up0, 0.7)
+    alg.server_receive(2, up2, 0.3)
+    w1 = alg.server_end(w0)
+    h = -alpha / 3 * (up0["delta"] + up2["delta"])
+    assert torch.allclose(alg.state["h"], h, atol=1e-7)
+    assert torch.allclose(w1, w0 + 0.7 * up0["delta"] + 0.3 * up2["delta"] - h / alpha, atol=1e-6)
+
+
+@pytest.mark.parametrize("grad_correction", [True, False])
+def test_feddc_local_training_drift_and_server_follow_the_formulas(small_data, grad_correction):
+    alpha, n = 0.1, 3
+    parts = three_clients(small_data)
+    hparams = {"alpha": alpha, "grad_correction": grad_correction, "max_grad_norm": 0.0}  # clipping: below
+    run = make_run(small_data, parts, "feddc", hparams)
+    alg, w0 = run.alg, run.flat.w.clone()
+    h0, g0, g = small_noise(run, seed=1), small_noise(run, seed=2), small_noise(run, seed=3)
+    alg.state["h"][0], alg.state["h_mean"] = h0.clone(), h0 / n
+    alg.state["g_k"][0], alg.state["g"] = g0.clone(), g.clone()
+    assert set(alg.download(0)) == ({"g"} if grad_correction else set())
+
+    up0 = run.train_client(0, 1, w0)[0]
+    corr = g - g0 if grad_correction else torch.zeros_like(g)
+    ref = reference_sgd(run, 0, 1, w0, lambda w: alpha / 2 * (w + h0 - w0).square().sum() + corr @ w)
+    d0 = up0["delta"]
+    assert torch.allclose(w0 + d0, ref, atol=1e-5)
+    assert torch.allclose(alg.state["h"][0], h0 + d0)  # the drift update
+    steps = CFG.local_epochs * math.ceil(len(parts[0]) / CFG.batch_size)
+    if grad_correction:
+        g0_new = g0 - g - d0 / (CFG.lr * steps)
+        assert torch.allclose(alg.state["g_k"][0], g0_new, atol=1e-6)
+        assert torch.allclose(up0["g_diff"], g0_new - g0, atol=1e-6)
+    else:
+        assert set(up0) == {"delta"} and torch.equal(alg.state["g_k"][0], g0)  # g_k is never touched
+
+    up2 = run.train_client(2, 1, w0)[0]
+    d2 = up2["delta"]
+    alg.server_begin(w0, np.array([0, 2]), np.array([0.7, 0.3]))
+    alg.server_receive(0, up0, 0.7)
+    alg.server_receive(2, up2, 0.3)
+    w1 = alg.server_end(w0)
+    h_mean = (h0 + d0 + d2) / n  # over all N clients; client 1 has no drift yet
+    assert torch.allclose(w1, w0 + 0.7 * d0 + 0.3 * d2 + h_mean, atol=1e-6)
+    if grad_correction:
+        assert torch.allclose(alg.state["g"], g + (up0["g_diff"] + up2["g_diff"]) / n, atol=1e-6)
+
+
+def test_feddc_clips_the_objectives_gradient_as_the_official_code(small_data, parts):
+    run = make_run(small_data, parts, "feddc", {"alpha": 0.1, "max_grad_norm": 10.0})
+    w0 = run.flat.w.clone()
+    w, g = w0 + small_noise(run, 1.0, 1), small_noise(run, 1.0, 2)
+    expected = (g + 0.1 * (w - w0)).clone().requires_grad_()
+    expected.grad = expected.detach().clone()
+    torch.nn.utils.clip_grad_norm_([expected], 10.0)
+    run.alg.correct_grad(w, g, Client(cid=0, round=1, w_start=w0, num_samples=1))
+    assert torch.allclose(g, expected.grad) and g.norm().item() == pytest.approx(10.0, rel=1e-5)
+
+
+def test_feddc_without_gradient_correction_is_feddyn(small_data, parts):
+    """Same local gradient (alpha (w - w_glob + h_k) = alpha (w - w_glob) - grad_k) and server step."""
+    dc = make_run(small_data, parts, "feddc", {"alpha": 0.1, "grad_correction": False, "max_grad_norm": 0.0})
+    dyn = make_run(small_data, parts, "feddyn", {"alpha": 0.1})
+    dc.run()
+    dyn.run()
+    assert torch.allclose(dc.flat.w, dyn.flat.w, atol=1e-5)
+
+
+def test_moon_contrastive_term_matches_a_direct_computation(small_data, parts):
+    mu, temperature = 0.5, 0.5
+    run = make_run(small_data, parts, "moon", {"mu": mu, "temperature": temperature})
+    alg, w_glob = run.alg, run.flat.w.clone()
+    w_local, w_prev = w_glob + small_noise(run, 0.05, 1), w_glob + small_noise(run, 0.05, 2)
+    x, y = small_data.x_train[:8], small_data.y_train[:8]
+    client = Client(cid=0, round=2, w_start=w_glob, num_samples=8)
+    run.flat.load(w_local)
+
+    def hook_term():
+        with torch.no_grad():
+            return ((alg.local_loss(run.model, x, y, client) - F.cross_entropy(run.model(x), y)) / mu).item()
+
+    # first participation: prev = global, so l_con = log 2 whatever the local features
+    assert hook_term() == pytest.approx(math.log(2), abs=1e-6)
+
+    alg.state["prev"][0] = w_prev
+    with torch.no_grad():
+        z, zg, zp = (net_at(small_data, v).body(x) for v in (w_local, w_glob, w_prev))
+        cos = torch.nn.CosineSimilarity(dim=-1)
+        pos, neg = torch.exp(cos(z, zg) / temperature), torch.exp(cos(z, zp) / temperature)
+        direct = (-torch.log(pos / (pos + neg))).mean().item()
+    assert hook_term() == pytest.approx(direct, rel=1e-5)
+    assert abs(direct - math.log(2)) > 1e-4
+    run.flat.check_bound()  # evaluating other vectors left the model's own parameters bound
+
+
+def test_moon_keeps_each_clients_previous_local_model(small_data, parts):
+    run = make_run(small_data, parts, "moon", {"mu": 1.0}, cfg=dataclasses.replace(CFG, join_ratio=0.5))
+    w0 = run.flat.w.clone()
+    run.train_client(1, 1, w0)
+    assert set(run.alg.state["prev"]) == {1}
+    w_end = run.flat.w.clone()
+    assert torch.equal(run.alg.state["prev"][1], w_end)  # a copy, not a view of the model
+    run.train_client(1, 2, w0)
+    with_prev = run.flat.w.clone()
+    assert torch.equal(run.alg.state["prev"][1], with_prev)
+    del run.alg.state["prev"][1]  # as if round 2 were its first participation: prev = global
+    run.train_client(1, 2, w0)
+    assert not torch.allclose(run.flat.w, with_prev)  # so round 2 did contrast with the round-1 model
+
+    fresh = make_run(small_data, parts, "moon", {"mu": 1.0}, cfg=dataclasses.replace(CFG, join_ratio=0.5))
+    fresh.run()
+    sampled = set().union(*(fresh.sample_clients(r).tolist() for r in range(1, CFG.rounds + 1)))
+    assert set(fresh.alg.state["prev"]) == sampled
+
+
+@pytest.mark.parametrize(("algorithm", "hparams", "state_key"), [
+    ("feddyn", {"alpha": 0.1}, "grad"),
+    ("feddc", {"alpha": 0.1}, "g_k"),
+    ("moon", {"mu": 1.0}, "prev"),
+])
+def test_resumes_from_a_checkpoint_to_identical_metrics(small_data, parts, tmp_path, algorithm, hparams,
+                                                        state_key):
+    cfg = dataclasses.replace(CFG, rounds=4, join_ratio=0.5)
+    full = make_run(small_data, parts, algorithm, hparams, cfg=cfg)
+    expected = metrics(full.run())
+
+    ckpt = tmp_path / "seed0.pt"
+    make_run(small_data, parts, algorithm, hparams, cfg=dataclasses.replace(cfg, rounds=2)).run(ckpt, "fp")
+    assert torch.load(ckpt, weights_only=False)["state"][state_key]  # per-client state is in the checkpoint
+    resumed = make_run(small_data, parts, algorithm, hparams, cfg=cfg)  # a fresh process, in effect
+    logs = []
+    resumed.log = logs.append
+    assert metrics(resumed.run(ckpt, "fp")) == expected
+    assert any("after round 2" in m for m in logs)
+    assert torch.equal(resumed.flat.w, full.flat.w)
