@@ -14,11 +14,12 @@ report: "workflow/report/workflow.rst"
 include: "workflow/rules/common.smk"
 
 
-# names in paths are plain identifiers, so no wildcard can swallow a "/"
+# names in paths are plain identifiers (method and setting names may hold the "." of a swept value),
+# so no wildcard can swallow a "/"
 wildcard_constraints:
     study=r"[A-Za-z0-9_\-]+",
-    setting=r"[A-Za-z0-9_\-]+",
-    method=r"[A-Za-z0-9_\-]+",
+    setting=r"[A-Za-z0-9_.\-]+",
+    method=r"[A-Za-z0-9_.\-]+",
     dataset=r"[A-Za-z0-9_\-]+",
     table=r"[A-Za-z0-9_\-]+",
     figure=r"[A-Za-z0-9_\-]+",

@@ -23,7 +23,8 @@ def study(cfg):
 def test_embedded_config_resolves_with_defaults(config):
     resolved = resolve_config(config)
     s = resolved["studies"]["feddisco"]
-    assert grid_runs(s) == [("niid1", "fedavg"), ("niid1", "fedprox"), ("path2", "fedavg"), ("path2", "fedprox")]
+    runs = grid_runs(s)
+    assert ("niid1", "fedavg") in runs and ("niid2", "feddyn-disco") in runs and len(runs) == len(set(runs))
     spec = run_spec(s, "niid1", "fedprox")
     assert spec["hparams"] == {"mu": 0.01}
     assert spec["weighting"] == {"kind": "size"}  # a schema default
@@ -38,7 +39,7 @@ def test_setting_and_method_overrides_win_over_defaults(config):
     s = resolve_config(config)["studies"]["feddisco"]
     assert run_spec(s, "niid1", "fedprox")["training"]["rounds"] == 7
     assert run_spec(s, "niid1", "fedprox")["training"]["lr"] == 0.5
-    assert run_spec(s, "path2", "fedavg")["training"]["rounds"] == 20
+    assert run_spec(s, "niid2", "fedavg")["training"]["rounds"] == 12
 
 
 @pytest.mark.parametrize(
@@ -62,7 +63,7 @@ def test_setting_and_method_overrides_win_over_defaults(config):
          r"partition.kind: 'dirichlett' is not one of .* \(did you mean 'dirichlet'\?\)"),
         (lambda c: study(c)["settings"]["niid1"]["partition"].pop("beta"), r"kind 'dirichlet' needs key 'beta'"),
         (lambda c: study(c)["grid"].__setitem__(0, {"settings": ["niid1"], "methods": ["fedavg"]}),
-         r"tables.table1: cell \(fedavg, path2\) names a run the grid does not produce"),
+         r"tables.table1: cell \(\S+, \S+\) names a run the grid does not produce"),
         (lambda c: study(c)["grid"][0]["methods"].append("scafold"), r"grid.0.methods: unknown method .scafold."),
         (lambda c: c.update(device="gpu"), r"device: 'gpu' is not one of"),
         (lambda c: c.update(studys={}), r"unknown key 'studys' \(did you mean 'studies'\?\)"),
@@ -93,4 +94,26 @@ def test_study_file_errors_name_the_file(tmp_path, config):
         resolve_config(config)
     config["studies"] = {"mine": str(tmp_path / "missing.yaml")}
     with pytest.raises(ConfigError, match="missing.yaml: file not found"):
+        resolve_config(config)
+
+
+def test_sweeps_expand_to_named_variants_and_the_grid_names_the_base(config):
+    s = study(config)
+    s["methods"]["disco-grid"] = {"algorithm": "fedavg", "weighting": {"kind": "disco"},
+                                  "sweep": {"weighting.a": [0.2, 0.7], "weighting.b": [0.05, 0.4]}}
+    s["grid"].append({"settings": ["niid1"], "methods": ["disco-grid"]})
+    s["figures"]["grid"] = {"kind": "gain_grid", "setting": "niid1", "baseline": "fedavg", "sweep": "disco-grid"}
+    resolved = resolve_config(config)["studies"]["feddisco"]
+    names = [v["method"] for v in resolved["sweeps"]["disco-grid"]]
+    assert names == ["disco-grid-a0.2-b0.05", "disco-grid-a0.2-b0.4", "disco-grid-a0.7-b0.05", "disco-grid-a0.7-b0.4"]
+    assert set(names) <= {m for _, m in grid_runs(resolved)}
+    spec = run_spec(resolved, "niid1", "disco-grid-a0.7-b0.05")
+    assert spec["weighting"] == {"kind": "disco", "a": 0.7, "b": 0.05}
+
+
+def test_swept_values_are_validated_too(config):
+    s = study(config)
+    s["methods"]["bad"] = {"algorithm": "fedavg", "sweep": {"training.lr": [0.1, -1.0]}}
+    s["grid"].append({"settings": ["niid1"], "methods": ["bad"]})
+    with pytest.raises(ConfigError, match=r"methods.bad-lrm1.0.training.lr: -1.0 is less than or equal"):
         resolve_config(config)

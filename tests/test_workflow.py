@@ -99,3 +99,17 @@ def test_ci_runs_the_readme_test_command():
     ci = (REPO / ".ci" / "run").read_text()
     assert "make test" in readme and "make run" in readme
     assert "make test" in ci
+
+
+def test_paper_scale_dry_run_lists_every_job(tmp_path):
+    from fedrepro.config import grid_runs, load_yaml, resolve_config
+
+    paper = resolve_config(load_yaml(REPO / "config" / "paper.yaml"))
+    proc = snakemake("-n", "--directory", str(tmp_path), "--configfile", str(REPO / "config" / "config.yaml"),
+                     str(REPO / "config" / "paper.yaml"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    counts = job_counts(proc.stdout)
+    assert counts["train"] == sum(len(grid_runs(s)) for s in paper["studies"].values())
+    assert counts["table"] == sum(len(s["tables"]) for s in paper["studies"].values())
+    assert counts["figure"] == sum(len(s["figures"]) for s in paper["studies"].values())
+    assert counts["download_dataset"] >= 5

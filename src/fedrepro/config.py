@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import itertools
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 SCHEMAS = REPO / "workflow" / "schemas"
 TRAINING_KEYS = ("rounds", "local_epochs", "batch_size", "lr", "momentum", "weight_decay", "join_ratio",
-                 "eval_every", "last_k", "checkpoint_every")
+                 "eval_every", "last_k", "checkpoint_every", "straggler_steps")
 
 
 class ConfigError(ValueError):
@@ -105,11 +106,50 @@ def resolve_config(config: dict, source: str = "config", root: Path = REPO) -> d
         else:
             study, where, prefix = copy.deepcopy(entry), source, f"studies.{name}"
         validate(study, "study", where, prefix)
+        sweeps = expand_sweeps(study)
+        validate(study, "study", where, prefix)  # the swept values too
+        study["sweeps"] = sweeps
         check_study(name, study, where, prefix)
         study["name"] = name
         studies[name] = study
     config["studies"] = studies
     return config
+
+
+def _format_value(value: object) -> str:
+    return str(value).replace("-", "m")  # '-' separates the parts of a variant name
+
+
+def expand_sweeps(study: dict) -> dict[str, list[dict]]:
+    """Replace each method that has a ``sweep`` by one named variant per combination of values, and let
+    grid blocks name the base method for all of them. Returns base name -> the variants with their
+    values, for figures such as FedDisco's (a, b) grid."""
+    sweeps: dict[str, list[dict]] = {}
+    methods = {}
+    for name, method in study["methods"].items():
+        sweep = method.pop("sweep", None)
+        if not sweep:
+            methods[name] = method
+            continue
+        keys = list(sweep)
+        variants = []
+        for combo in itertools.product(*(sweep[k] for k in keys)):
+            variant = copy.deepcopy(method)
+            parts = [name]
+            for key, value in zip(keys, combo, strict=True):
+                section, field = key.split(".")
+                variant.setdefault(section, {})[field] = value
+                parts.append(f"{field}{_format_value(value)}")
+            vname = "-".join(parts)
+            values = ", ".join(f"{key.split('.')[1]}={value}" for key, value in zip(keys, combo, strict=True))
+            variant["label"] = f"{method.get('label', name)} ({values})"
+            methods[vname] = variant
+            variants.append({"method": vname, "values": dict(zip(keys, combo, strict=True))})
+        sweeps[name] = variants
+    study["methods"] = methods
+    for block in study["grid"]:
+        block["methods"] = [v["method"] for m in block["methods"] for v in sweeps.get(m, [{"method": m}])]
+    return sweeps
 
 
 def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
@@ -149,14 +189,33 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
     for t, table in study["tables"].items():
         for row in table["rows"]:
             for col in table["columns"]:
-                if (col["setting"], row["method"]) not in runs:
-                    fail(f"tables.{t}", f"cell ({row['method']}, {col['setting']}) names a run the grid "
+                method = row["method"] + col.get("method_suffix", "")
+                if (col["setting"], method) not in runs:
+                    fail(f"tables.{t}", f"cell ({method}, {col['setting']}) names a run the grid "
                          "does not produce; add it to `grid` or remove it from the table")
     for f, fig in study["figures"].items():
-        for s in fig["settings"]:
-            for m in fig["methods"]:
-                if (s, m) not in runs:
-                    fail(f"figures.{f}", f"({m}, {s}) is not a run of the grid")
+        for s in fig.get("settings", []) + [p["setting"] for p in fig.get("points", [])]:
+            known(f"figures.{f}", s, study["settings"], "setting")
+        if "setting" in fig:
+            known(f"figures.{f}.setting", fig["setting"], study["settings"], "setting")
+        if "sweep" in fig:
+            known(f"figures.{f}.sweep", fig["sweep"], study["sweeps"], "swept method")
+            if len(study["sweeps"][fig["sweep"]][0]["values"]) != 2:
+                fail(f"figures.{f}.sweep", "a gain_grid needs a sweep over exactly two keys")
+        needed = set()
+        if fig["kind"] == "curve":
+            needed = {(s, m) for s in fig["settings"] for m in fig["methods"]}
+        elif fig["kind"] == "per_class":
+            needed = {(fig["setting"], m) for m in fig["methods"]}
+        elif fig["kind"] == "gain_grid":
+            needed = {(fig["setting"], v["method"]) for v in study["sweeps"][fig["sweep"]]}
+            needed.add((fig["setting"], fig["baseline"]))
+        elif fig["kind"] == "gain_lines":
+            needed = {(p["setting"], m) for p in fig["points"] for ser in fig["series"]
+                      for m in (ser["baseline"], ser["method"])}
+        for s, m in sorted(needed):
+            if (s, m) not in runs:
+                fail(f"figures.{f}", f"({m}, {s}) is not a run of the grid")
 
 
 def grid_runs(study: dict) -> list[tuple[str, str]]:
@@ -179,6 +238,7 @@ def run_spec(study: dict, setting: str, method: str) -> dict[str, Any]:
         "study": study["name"], "setting": setting, "method": method,
         "dataset": s["dataset"], "partition": s["partition"], "model": s["model"],
         "image_size": s.get("image_size"), "channels": s.get("channels"),
+        "test_longtail_rho": s.get("test_longtail_rho"),
         "algorithm": m["algorithm"], "hparams": m["hparams"], "weighting": m["weighting"],
         "training": training,
     }

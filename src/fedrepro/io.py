@@ -35,6 +35,17 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
     return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_jsonable) + "\n")
 
 
+def atomic_write_npz(path: str | os.PathLike, **arrays: Any) -> Path:
+    """``np.savez`` to ``path`` atomically (through a handle: savez would append .npz to a bare temp name)."""
+    import numpy as np
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **arrays)
+
+    return atomic_write(path, write)
+
+
 def _jsonable(obj: Any) -> Any:
     # numpy scalars and arrays show up in stats and summaries
     if hasattr(obj, "tolist"):

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from fedrepro.io import atomic_write_npz, atomic_write_text
 
 __all__ = [
     "PARTITIONERS",
@@ -297,19 +298,6 @@ def partition_stats(parts: list[np.ndarray], labels: np.ndarray, num_classes: in
     }
 
 
-def _atomic_write(path: Path, write: Callable[[Any], None], mode: str) -> None:
-    # Temp file in the target directory so os.replace is a same-filesystem atomic rename: a killed job
-    # never leaves a half-written file that Snakemake would take for a finished output.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, mode) as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _stats_path(path: Path) -> Path:
     return path.with_suffix(".json") if path.suffix == ".npz" else path.with_name(path.name + ".json")
 
@@ -322,9 +310,9 @@ def save_partition(path: str | os.PathLike, parts: list[np.ndarray], stats: dict
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     indices = np.concatenate([np.zeros(0, np.int64), *parts]).astype(np.int64)
     spec_json = np.array(json.dumps(spec, sort_keys=True))
-    _atomic_write(path, lambda f: np.savez(f, indices=indices, offsets=offsets, spec=spec_json), "wb")
-    text = json.dumps({**stats, "spec": spec}, indent=1, sort_keys=True) + "\n"
-    _atomic_write(_stats_path(path), lambda f: f.write(text), "w")
+    # npz before json: the stats file is the rule's last output, so a killed job leaves it missing
+    atomic_write_npz(path, indices=indices, offsets=offsets, spec=spec_json)
+    atomic_write_text(_stats_path(path), json.dumps({**stats, "spec": spec}, indent=1, sort_keys=True) + "\n")
 
 
 def load_partition(path: str | os.PathLike) -> list[np.ndarray]:

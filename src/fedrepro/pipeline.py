@@ -108,13 +108,24 @@ def table(spec: dict, summary_csv: Path, published_csv: Path | None, out_stem: P
     log(f"{spec['name']}: {len(cells)} cells -> {out_stem}.{{md,tex,csv}}")
 
 
-def figure(spec: dict, runs_csv: Path, out_stem: Path, log: Callable[[str], None]) -> None:
+def figure(spec: dict, inputs: list[Path], out_stem: Path, log: Callable[[str], None]) -> None:
+    """Render one figure; what it reads depends on its kind (runs.csv, summary.csv or partition stats)."""
     import pandas as pd
 
-    from fedrepro.report.figures import render_curves
+    from fedrepro.report import figures, figures_feddisco
 
-    render_curves(spec, pd.read_csv(runs_csv), Path(out_stem))
-    log(f"{spec['name']} -> {out_stem}.{{png,pdf}}")
+    kind = spec["kind"]
+    if kind in ("partition", "class_histogram"):
+        stats = {s["setting"]: json.loads(Path(p).read_text()) for s, p in zip(spec["settings"], inputs, strict=True)}
+        render = {"partition": figures_feddisco.render_partition,
+                  "class_histogram": figures_feddisco.render_class_histogram}[kind]
+        render(spec, stats, Path(out_stem))
+    else:
+        render = {"curve": figures.render_curves, "gain_grid": figures_feddisco.render_gain_grid,
+                  "gain_lines": figures_feddisco.render_gain_lines,
+                  "per_class": figures_feddisco.render_per_class}[kind]
+        render(spec, pd.read_csv(inputs[0]), Path(out_stem))
+    log(f"{spec['name']} ({kind}) -> {out_stem}.{{png,pdf}}")
 
 
 def main_from_snakemake(snakemake, step: Callable[..., None], **kwargs) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import platform
@@ -16,7 +17,7 @@ from fedrepro.algorithms import build_algorithm
 from fedrepro.data.format import load_prepared
 from fedrepro.io import atomic_write_json, atomic_write_text
 from fedrepro.models import build_model
-from fedrepro.partition import load_partition
+from fedrepro.partition import load_partition, longtail_test_indices
 from fedrepro.seeding import INIT, derive_seed
 from fedrepro.sim.sync import FederatedRun, RunResult, TrainingConfig
 from fedrepro.sim.tensors import to_device_data
@@ -93,6 +94,10 @@ def train_job(
     torch.set_num_threads(threads)
     dev = pick_device(device)
     prepared = load_prepared(data_path)
+    if spec.get("test_longtail_rho"):
+        # FedDisco Table 5: test on a long-tailed set matching the long-tailed training data
+        keep = longtail_test_indices(prepared.y_test, spec["test_longtail_rho"], np.random.default_rng(0))
+        prepared = dataclasses.replace(prepared, x_test=prepared.x_test[keep], y_test=prepared.y_test[keep])
     data = to_device_data(prepared, dev, spec.get("image_size"), spec.get("channels"))
     training = TrainingConfig(**spec["training"])
     results = {}

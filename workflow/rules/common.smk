@@ -64,14 +64,33 @@ def table_spec(study, name):
 
 
 def figure_spec(study, name):
+    """A figure of the study file with labels, and a sweep's cells, filled in."""
     s = STUDIES[study]
     f = s["figures"][name]
-    return {
-        **f,
-        "name": name,
-        "settings": [{"setting": k, "label": label_of(s, "settings", k)} for k in f["settings"]],
-        "methods": [{"method": k, "label": label_of(s, "methods", k)} for k in f["methods"]],
-    }
+    spec = {**f, "name": name}
+    if "settings" in f:
+        spec["settings"] = [{"setting": k, "label": label_of(s, "settings", k)} for k in f["settings"]]
+    if "methods" in f:
+        spec["methods"] = [{"method": k, "label": label_of(s, "methods", k)} for k in f["methods"]]
+    if "series" in f:
+        spec["series"] = [{"label": label_of(s, "methods", x["method"]), **x} for x in f["series"]]
+    if f["kind"] == "gain_grid":
+        variants = s["sweeps"][f["sweep"]]
+        xkey, ykey = list(variants[0]["values"])
+        spec["cells"] = [{"method": v["method"], "x": v["values"][xkey], "y": v["values"][ykey]} for v in variants]
+        spec.setdefault("x_label", xkey.split(".")[1])
+        spec.setdefault("y_label", ykey.split(".")[1])
+    return spec
+
+
+def figure_inputs(wildcards):
+    """runs.csv for curves, partition stats for partition plots, summary.csv for the rest."""
+    f = study_of(wildcards)["figures"][wildcards.figure]
+    if f["kind"] == "curve":
+        return [f"{RES}/{wildcards.study}/runs.csv"]
+    if f["kind"] in ("partition", "class_histogram"):
+        return [f"{RES}/{wildcards.study}/partitions/{s}/seed{f['seed']}.json" for s in f["settings"]]
+    return [f"{RES}/{wildcards.study}/summary.csv"]
 
 
 def published_numbers(wildcards):

@@ -32,7 +32,7 @@ rule table:
 
 rule figure:
     input:
-        f"{RES}/{{study}}/runs.csv",
+        figure_inputs,
     output:
         png=report(
             f"{RES}/{{study}}/figures/{{figure}}.png",

@@ -9,5 +9,5 @@ from fedrepro import pipeline  # noqa: E402
 
 sm = snakemake  # noqa: F821
 pipeline.main_from_snakemake(
-    sm, pipeline.figure, spec=sm.params.spec, runs_csv=sm.input[0], out_stem=sm.output.png[: -len(".png")]
+    sm, pipeline.figure, spec=sm.params.spec, inputs=list(sm.input), out_stem=sm.output.png[: -len(".png")]
 )

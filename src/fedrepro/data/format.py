@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from fedrepro.io import atomic_write_npz
 
 ARRAY_KEYS = ("x_train", "y_train", "x_test", "y_test")
 REQUIRED_META = ("name", "num_classes", "classes", "shape", "source")
@@ -89,20 +89,9 @@ def save_prepared(path: Path | str, x_train: np.ndarray, y_train: np.ndarray, x_
     meta = {**meta, "shape": [int(s) for s in meta["shape"]]} if "shape" in meta else dict(meta)
     _check(x_train, y_train, x_test, y_test, meta, str(path))
     meta["sha256"] = arrays_sha256(x_train, y_train, x_test, y_test)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Temp file in the same directory, then os.replace: a killed job never leaves a half-written .npz
-    # that a later rule would trust.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test,
+    # atomic: a killed job never leaves a half-written .npz that a later rule would trust
+    atomic_write_npz(path, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test,
                      meta=np.array(json.dumps(meta, sort_keys=True)))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return meta
 
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from pathlib import Path
 
 import pandas as pd
+
+from fedrepro.io import atomic_write_text
 
 KEYS = ["study", "setting", "method", "seed"]
 METRIC_COLUMNS = ["round", "test_acc", "test_loss", "train_loss", "bytes_up", "bytes_down", "seconds"]
@@ -131,16 +131,7 @@ def collect_runs(run_dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def write_text_atomic(text: str, path: Path) -> None:
     """Write text so readers (and Snakemake) never see a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, text)
 
 
 def write_csv_atomic(df: pd.DataFrame, path: Path) -> None:

@@ -7,8 +7,6 @@ kind; paper-specific kinds live beside this module (``figures_feddisco``).
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from pathlib import Path
 
 import matplotlib as mpl
@@ -18,6 +16,7 @@ import seaborn as sns
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from fedrepro.io import atomic_write
 from fedrepro.report.style import FIGURE_RC, method_dashes, method_palette
 
 AXIS_LABELS = {
@@ -37,15 +36,7 @@ MAX_COLS = 4
 
 
 def _save_atomic(fig: Figure, path: Path, **kwargs) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format=path.suffix[1:], **kwargs)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format=path.suffix[1:], **kwargs))
 
 
 def new_figure(width: float, height: float) -> Figure:

@@ -93,9 +93,27 @@ def _signed(x: float) -> str:
     return f"{x:+.2f}"
 
 
+def cell_method(row: dict, column: dict) -> str:
+    """The method of a cell: the row's, with the column's ``method_suffix`` (e.g. "-disco") appended, so
+    a "without / with Disco" pair of columns needs no duplicated rows."""
+    return row["method"] + column.get("method_suffix", "")
+
+
+def paper_key(spec: dict, row: dict, column: dict) -> tuple[str, str] | None:
+    """The published (row, column) a cell mirrors. By default (row.paper, column.paper); a table whose
+    layout differs from the paper's gives ``paper_key`` format strings over {row[...]} and {col[...]}
+    (e.g. a transposed table: {"row": "{col[paper]}", "column": "{row[paper]}"})."""
+    fmt = spec.get("paper_key") or {"row": "{row[paper]}", "column": "{col[paper]}"}
+    present = ({k: v for k, v in row.items() if v is not None}, {k: v for k, v in column.items() if v is not None})
+    try:
+        return fmt["row"].format(row=present[0], col=present[1]), fmt["column"].format(row=present[0], col=present[1])
+    except KeyError:
+        return None  # a cell the paper has no number for
+
+
 def _build_cells(spec: dict, summary: pd.DataFrame, published: pd.DataFrame | None) -> list[list[_Cell]]:
-    metric = spec["metric"]
-    needed = ("setting", "method", "status", "diverged_round", metric)
+    metrics = {c.get("metric") or spec["metric"] for c in spec["columns"]}
+    needed = ("setting", "method", "status", "diverged_round", *sorted(metrics))
     missing = [c for c in needed if c not in summary.columns]
     if missing:
         raise ValueError(f"table {spec['name']}: summary lacks columns {missing}")
@@ -104,11 +122,12 @@ def _build_cells(spec: dict, summary: pd.DataFrame, published: pd.DataFrame | No
     for r in spec["rows"]:
         line = []
         for c in spec["columns"]:
-            cell = _Cell(r["method"], c["setting"], r["label"], c["label"])
-            runs = summary[(summary["method"] == r["method"]) & (summary["setting"] == c["setting"])]
+            method, metric = cell_method(r, c), c.get("metric") or spec["metric"]
+            cell = _Cell(method, c["setting"], r["label"], c["label"])
+            runs = summary[(summary["method"] == method) & (summary["setting"] == c["setting"])]
             if "study" in runs.columns and runs["study"].nunique() > 1:
                 raise ValueError(
-                    f"table {spec['name']}: cell ({r['method']}, {c['setting']}) mixes studies "
+                    f"table {spec['name']}: cell ({method}, {c['setting']}) mixes studies "
                     f"{sorted(runs['study'].unique())}; pass one study's summary"
                 )
             cell.n_runs = len(runs)
@@ -117,15 +136,13 @@ def _build_cells(spec: dict, summary: pd.DataFrame, published: pd.DataFrame | No
                     cell.diverged_rounds.append(int(dr) if pd.notna(dr) else None)
                 elif pd.notna(value):
                     cell.values.append(float(value))
-            if table and r.get("paper") and c.get("paper") and published is not None:
-                cell.paper = lookup(published, table, r["paper"], c["paper"])
+            key = paper_key(spec, r, c) if table and published is not None else None
+            if key:
+                cell.paper = lookup(published, table, *key)
                 if cell.paper is None:
                     # Probably a typo in the study file; the table still renders without the number.
-                    warnings.warn(
-                        f"table {spec['name']}: no published cell "
-                        f"({table!r}, {r['paper']!r}, {c['paper']!r})",
-                        stacklevel=3,
-                    )
+                    warnings.warn(f"table {spec['name']}: no published cell ({table!r}, {key[0]!r}, {key[1]!r})",
+                                  stacklevel=3)
             line.append(cell)
         grid.append(line)
     # Bold the best of our means per column (ties at the printed precision all bold).
