@@ -171,3 +171,35 @@ def test_bytes_are_counted_per_client_and_round(small_data):
     model_bytes = run.flat.numel * 4
     assert result.history[0]["bytes_up"] == len(parts) * model_bytes
     assert result.history[1]["bytes_down"] == 2 * len(parts) * model_bytes
+
+
+def test_stragglers_run_the_drawn_number_of_local_iterations(small_data):
+    parts = dirichlet_clients(small_data.y_train.numpy())
+    cfg = dataclasses.replace(CFG, straggler_steps=[3, 9], batch_size=8)
+    run = make_run(small_data, parts, cfg=cfg)
+    steps = {}
+    for rnd in (1, 2):
+        for cid in range(len(parts)):
+            gen = torch.Generator().manual_seed(0)
+            steps[rnd, cid] = sum(1 for _ in run.local_batches(run.clients[cid], gen, rnd, cid))
+    assert all(3 <= s <= 9 for s in steps.values())
+    assert len(set(steps.values())) > 1  # heterogeneous across clients and rounds
+    expected = seeding.rng_for(0, seeding.STRAGGLERS, 2, 1).integers(3, 10)
+    assert steps[2, 1] == expected
+    # more iterations than one pass: it cycles through reshuffled passes
+    small = [np.arange(5)]
+    run = make_run(small_data, small, cfg=dataclasses.replace(cfg, straggler_steps=[7, 7], batch_size=2))
+    batches = list(run.local_batches(run.clients[0], torch.Generator().manual_seed(0), 1, 0))
+    assert len(batches) == 7 and sum(len(b) for b in batches[:3]) == 5
+
+
+def test_client_accuracy_variance_follows_client_class_distributions():
+    from fedrepro.sim.sync import client_accuracy
+
+    counts = np.array([[10, 0, 0], [0, 5, 5], [2, 2, 0]])
+    out = client_accuracy(counts, [90.0, 50.0, 10.0])
+    per_client = np.array([90.0, 30.0, 70.0])
+    assert out["client_acc_mean"] == pytest.approx(per_client.mean())
+    assert out["client_acc_var"] == pytest.approx(per_client.var())
+    # a class missing from the test set is left out and the client's distribution renormalised
+    assert client_accuracy(counts, [90.0, None, 10.0])["client_acc_mean"] == pytest.approx((90 + 10 + 90) / 3)

@@ -51,3 +51,39 @@ def test_a_column_can_show_another_accuracy_summary(tmp_path):
             "columns": [{"setting": "a", "label": "best"}, {"setting": "a", "label": "last", "metric": "last_k_acc"}]}
     cells = render_table(spec, summary([("a", "fedavg", 0, 60.0)]), None, tmp_path / "t", "embedded")
     assert list(cells["ours_mean"]) == [60.0, 59.0]
+
+
+def test_rounds_to_target_and_metric_at_round_are_derived_from_the_curves(tmp_path):
+    from fedrepro.report.derived import add_derived, metric_key
+
+    runs = pd.DataFrame([dict(study="s", setting="a", method="m", seed=k, round=r, test_acc=acc, client_acc_var=v)
+                         for k, curve in enumerate([[(1, 40, 9.0), (2, 56, 7.0), (3, 60, 5.0)],
+                                                    [(1, 30, 8.0), (2, 50, 6.0), (3, 58, 4.0)],
+                                                    [(1, 20, 3.0), (2, 30, 2.0), (3, 40, 1.0)]])
+                         for r, acc, v in curve])
+    data = summary([("a", "m", 0, 60.0), ("a", "m", 1, 58.0), ("a", "m", 2, 40.0)])
+    spec = {"name": "t3", "caption": "", "paper_table": None, "metric": "best_acc", "target_acc": 55,
+            "rows": [{"method": "m", "label": "M"}],
+            "columns": [{"setting": "a", "label": "rounds", "metric": "rounds_to_acc"},
+                        {"setting": "a", "label": "var@2", "metric": "client_acc_var", "round": 2}]}
+    assert [metric_key(spec, c) for c in spec["columns"]] == ["rounds_to_55", "client_acc_var@2"]
+    derived = add_derived(spec, data, runs)
+    assert list(derived["rounds_to_55"].fillna(-1)) == [2.0, 3.0, -1]  # seed 2 never reaches 55
+    assert list(derived["client_acc_var@2"]) == [7.0, 6.0, 2.0]
+    cells = render_table(spec, derived, None, tmp_path / "t3", "embedded").set_index("column")
+    assert cells.loc["rounds", "ours_mean"] == pytest.approx(2.5) and cells.loc["rounds", "n_seeds"] == 2
+    assert cells.loc["var@2", "ours_mean"] == pytest.approx(5.0)
+
+
+def test_lower_is_better_columns_bold_the_minimum(tmp_path):
+    from fedrepro.report.derived import add_derived
+
+    runs = pd.DataFrame([dict(study="s", setting="a", method=m, seed=0, round=r, test_acc=acc)
+                         for m, curve in [("fast", [(1, 60)]), ("slow", [(1, 10), (2, 60)])] for r, acc in curve])
+    data = summary([("a", "fast", 0, 60.0), ("a", "slow", 0, 60.0)])
+    spec = {"name": "t", "caption": "", "paper_table": None, "metric": "best_acc", "target_acc": 55,
+            "rows": [{"method": "fast", "label": "fast"}, {"method": "slow", "label": "slow"}],
+            "columns": [{"setting": "a", "label": "rounds", "metric": "rounds_to_acc"}]}
+    render_table(spec, add_derived(spec, data, runs), None, tmp_path / "t", "embedded")
+    md = (tmp_path / "t.md").read_text()
+    assert "| fast | **1.00" in md and "| slow | 2.00" in md

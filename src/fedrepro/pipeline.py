@@ -96,15 +96,17 @@ def aggregate(indexes: list[Path], runs_csv: Path, summary_csv: Path, log: Calla
     log(f"{len(summary)} runs, {len(runs)} evaluation rows -> {runs_csv}, {summary_csv}")
 
 
-def table(spec: dict, summary_csv: Path, published_csv: Path | None, out_stem: Path, scale: str,
+def table(spec: dict, summary_csv: Path, runs_csv: Path, published_csv: Path | None, out_stem: Path, scale: str,
           log: Callable[[str], None]) -> None:
     import pandas as pd
 
+    from fedrepro.report.derived import add_derived
     from fedrepro.report.published import load_published
     from fedrepro.report.tables import render_table
 
     published = load_published(published_csv) if published_csv else None
-    cells = render_table(spec, pd.read_csv(summary_csv), published, Path(out_stem), scale)
+    summary = add_derived(spec, pd.read_csv(summary_csv), pd.read_csv(runs_csv))
+    cells = render_table(spec, summary, published, Path(out_stem), scale)
     log(f"{spec['name']}: {len(cells)} cells -> {out_stem}.{{md,tex,csv}}")
 
 

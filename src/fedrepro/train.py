@@ -22,7 +22,8 @@ from fedrepro.seeding import INIT, derive_seed
 from fedrepro.sim.sync import FederatedRun, RunResult, TrainingConfig
 from fedrepro.sim.tensors import to_device_data
 
-METRIC_COLUMNS = ("round", "test_acc", "test_loss", "train_loss", "bytes_up", "bytes_down", "seconds")
+METRIC_COLUMNS = ("round", "test_acc", "test_loss", "train_loss", "bytes_up", "bytes_down", "seconds",
+                  "client_acc_mean", "client_acc_var")
 
 
 def pick_device(name: str) -> torch.device:

@@ -9,6 +9,7 @@ localrules:
 rule table:
     input:
         summary=f"{RES}/{{study}}/summary.csv",
+        runs=f"{RES}/{{study}}/runs.csv",
         published=published_numbers,
     output:
         md=report(

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from fedrepro.report.collect import write_csv_atomic, write_text_atomic
+from fedrepro.report.derived import lower_is_better, metric_key
 from fedrepro.report.published import lookup
 
 METRICS = {
@@ -112,7 +113,7 @@ def paper_key(spec: dict, row: dict, column: dict) -> tuple[str, str] | None:
 
 
 def _build_cells(spec: dict, summary: pd.DataFrame, published: pd.DataFrame | None) -> list[list[_Cell]]:
-    metrics = {c.get("metric") or spec["metric"] for c in spec["columns"]}
+    metrics = {metric_key(spec, c) for c in spec["columns"]}
     needed = ("setting", "method", "status", "diverged_round", *sorted(metrics))
     missing = [c for c in needed if c not in summary.columns]
     if missing:
@@ -122,7 +123,7 @@ def _build_cells(spec: dict, summary: pd.DataFrame, published: pd.DataFrame | No
     for r in spec["rows"]:
         line = []
         for c in spec["columns"]:
-            method, metric = cell_method(r, c), c.get("metric") or spec["metric"]
+            method, metric = cell_method(r, c), metric_key(spec, c)
             cell = _Cell(method, c["setting"], r["label"], c["label"])
             runs = summary[(summary["method"] == method) & (summary["setting"] == c["setting"])]
             if "study" in runs.columns and runs["study"].nunique() > 1:
@@ -146,10 +147,11 @@ def _build_cells(spec: dict, summary: pd.DataFrame, published: pd.DataFrame | No
             line.append(cell)
         grid.append(line)
     # Bold the best of our means per column (ties at the printed precision all bold).
-    for j in range(len(spec["columns"])):
+    for j, column in enumerate(spec["columns"]):
         col = [line[j] for line in grid if line[j].values]
         if len(col) >= 2:
-            best = max(round(c.mean, 2) for c in col)
+            pick = min if lower_is_better(metric_key(spec, column)) else max
+            best = pick(round(c.mean, 2) for c in col)
             for c in col:
                 c.bold = round(c.mean, 2) == best
     return grid

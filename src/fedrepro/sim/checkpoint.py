@@ -9,7 +9,7 @@ import torch
 
 from fedrepro.io import atomic_write
 
-FORMAT = 1
+FORMAT = 2  # 2: evaluation rows carry client accuracy mean and variance
 
 
 class CheckpointError(RuntimeError):

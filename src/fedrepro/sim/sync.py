@@ -179,10 +179,12 @@ class FederatedRun:
             diverged = not math.isfinite(train_loss) or not bool(torch.isfinite(w).all())
             if diverged or rnd % cfg.eval_every == 0 or rnd == cfg.rounds:
                 self.flat.load(w)
-                acc, test_loss = evaluate(self.model, self.data.x_test, self.data.y_test)
+                acc, test_loss, result.per_class_acc = evaluate(
+                    self.model, self.data.x_test, self.data.y_test, self.data.num_classes)
                 result.history.append(
                     dict(round=rnd, test_acc=acc, test_loss=test_loss, train_loss=train_loss,
-                         bytes_up=bytes_up, bytes_down=bytes_down, seconds=round(seconds, 4))
+                         bytes_up=bytes_up, bytes_down=bytes_down, seconds=round(seconds, 4),
+                         **client_accuracy(self.class_counts, result.per_class_acc))
                 )
                 self.log(f"round {rnd}/{cfg.rounds} acc {acc:.2f} loss {test_loss:.4f} "
                          f"train {train_loss:.4f} {seconds:.1f}s")
@@ -199,8 +201,21 @@ class FederatedRun:
             if diverged:
                 break
         self.flat.load(w)
-        result.per_class_acc = evaluate(self.model, self.data.x_test, self.data.y_test, self.data.num_classes)[2]
+        if result.per_class_acc is None:  # resumed from a finished checkpoint
+            result.per_class_acc = evaluate(self.model, self.data.x_test, self.data.y_test, self.data.num_classes)[2]
         return result
+
+
+def client_accuracy(class_counts: np.ndarray, per_class_acc: list[float | None]) -> dict[str, float]:
+    """Mean and variance over clients of the global model's accuracy on a test set following each
+    client's class distribution (sum_c D_k[c] acc_c): FedDisco's client-level fairness (Table 12).
+    Classes absent from the test set are left out and each D_k renormalised over the rest."""
+    acc = np.array([np.nan if a is None else a for a in per_class_acc], dtype=np.float64)
+    present = ~np.isnan(acc)
+    dist = class_counts[:, present].astype(np.float64)
+    dist /= np.maximum(dist.sum(axis=1, keepdims=True), 1.0)
+    per_client = dist @ acc[present]
+    return {"client_acc_mean": float(per_client.mean()), "client_acc_var": float(per_client.var())}
 
 
 def _to_device(obj, device):

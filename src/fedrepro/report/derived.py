@@ -1,0 +1,68 @@
+"""Per-run numbers a table needs beyond summary.json, derived from the evaluation rows in runs.csv:
+rounds to reach a target accuracy (FedDisco Tables 3/10) and a metric at a given round (Table 12)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from fedrepro.report.collect import KEYS
+
+SUMMARY_METRICS = ("final_acc", "best_acc", "last_k_acc")
+LOWER_IS_BETTER = ("rounds_to_", "client_acc_var")
+
+
+def metric_key(spec: dict, column: dict) -> str:
+    """The summary column a table cell reads: e.g. best_acc, rounds_to_55 or client_acc_var@10."""
+    metric = column.get("metric") or spec["metric"]
+    if metric == "rounds_to_acc":
+        if spec.get("target_acc") is None:
+            raise ValueError(f"table {spec['name']}: metric rounds_to_acc needs the table's target_acc")
+        return f"rounds_to_{spec['target_acc']:g}"
+    if metric in SUMMARY_METRICS:
+        return metric
+    if column.get("round") is None:
+        raise ValueError(f"table {spec['name']}: metric {metric} of column {column.get('label')!r} needs a round")
+    return f"{metric}@{column['round']}"
+
+
+def lower_is_better(key: str) -> bool:
+    return key.startswith(LOWER_IS_BETTER)
+
+
+def rounds_to(curve: pd.DataFrame, target: float) -> float:
+    """First evaluated round whose test accuracy reaches ``target`` (NaN if it never does)."""
+    hit = curve.loc[curve["test_acc"] >= target, "round"]
+    return float(hit.min()) if len(hit) else math.nan
+
+
+def at_round(curve: pd.DataFrame, column: str, rnd: int) -> float:
+    """``column`` at the last evaluation at or before round ``rnd`` (NaN if none)."""
+    rows = curve[curve["round"] <= rnd]
+    return float(rows.sort_values("round")[column].iloc[-1]) if len(rows) else math.nan
+
+
+def add_derived(spec: dict, summary: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """``summary`` with one more column for every derived metric the table's columns name."""
+    keys = {metric_key(spec, c): c for c in spec["columns"]}
+    derived = {k: c for k, c in keys.items() if k not in SUMMARY_METRICS}
+    if not derived:
+        return summary
+    out = summary.copy()
+    curves = {key: group for key, group in runs.groupby(KEYS)}
+    for key, column in derived.items():
+        values = []
+        for run in out[KEYS].itertuples(index=False):
+            curve = curves.get(tuple(run))
+            if curve is None:
+                values.append(math.nan)
+            elif key.startswith("rounds_to_"):
+                values.append(rounds_to(curve, spec["target_acc"]))
+            else:
+                metric = column.get("metric") or spec["metric"]
+                if metric not in curve.columns:
+                    raise ValueError(f"table {spec['name']}: runs.csv has no column {metric!r}")
+                values.append(at_round(curve, metric, column["round"]))
+        out[key] = values
+    return out
