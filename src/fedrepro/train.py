@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import json
 import platform
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from fedrepro.io import atomic_write_json, atomic_write_text
 from fedrepro.models import build_model
 from fedrepro.partition import load_partition, longtail_test_indices
 from fedrepro.seeding import INIT, derive_seed
-from fedrepro.sim.sync import FederatedRun, RunResult, TrainingConfig
+from fedrepro.sim.sync import FederatedRun, RunResult, TrainingConfig, request_stop
 from fedrepro.sim.tensors import to_device_data
 
 METRIC_COLUMNS = ("round", "test_acc", "test_loss", "train_loss", "bytes_up", "bytes_down", "seconds",
@@ -93,6 +94,7 @@ def train_job(
 ) -> dict[int, RunResult]:
     """Train ``spec`` for every seed; each seed resumes from its checkpoint if one matches."""
     torch.set_num_threads(threads)
+    signal.signal(signal.SIGTERM, request_stop)  # preemption: checkpoint after this round, then exit non-zero
     dev = pick_device(device)
     prepared = load_prepared(data_path)
     if spec.get("test_longtail_rho"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +19,19 @@ from fedrepro.algorithms.weighting import make_weighting
 from fedrepro.sim.checkpoint import load_checkpoint, save_checkpoint
 from fedrepro.sim.flat import FlatModel
 from fedrepro.sim.tensors import DeviceData, evaluate
+
+
+class Preempted(RuntimeError):
+    """The run was asked to stop (SIGTERM: SLURM preemption, scancel, time limit) and checkpointed."""
+
+
+_STOP = threading.Event()
+
+
+def request_stop(*_: object) -> None:
+    """Ask every running simulation to checkpoint at the end of its current round and stop (a signal
+    handler: SIGTERM gives a job some seconds before SIGKILL, enough to finish a round and save)."""
+    _STOP.set()
 
 
 @dataclass
@@ -192,7 +206,8 @@ class FederatedRun:
                 result.status, result.diverged_round = "diverged", rnd
                 self.log(f"diverged at round {rnd}: train loss {train_loss}")
             done = diverged or rnd == cfg.rounds
-            if checkpoint and (done or rnd % cfg.checkpoint_every == 0):
+            stop = _STOP.is_set() and not done
+            if checkpoint and (done or stop or rnd % cfg.checkpoint_every == 0):
                 save_checkpoint(checkpoint, fingerprint, dict(
                     round=rnd, w=w.cpu(), state=_to_device(self.alg.state, "cpu"), history=result.history,
                     status=result.status, diverged_round=result.diverged_round,
@@ -200,6 +215,9 @@ class FederatedRun:
                 ))
             if diverged:
                 break
+            if stop:
+                raise Preempted(f"stopped by a signal after round {rnd}" +
+                                (f"; checkpoint {checkpoint}" if checkpoint else " (no checkpoint)"))
         self.flat.load(w)
         if result.per_class_acc is None:  # resumed from a finished checkpoint
             result.per_class_acc = evaluate(self.model, self.data.x_test, self.data.y_test, self.data.num_classes)[2]
