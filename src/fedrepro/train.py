@@ -64,8 +64,10 @@ def summarize(result: RunResult, last_k: int) -> dict:
 def write_run(out_dir: Path, spec: dict, seed: int, result: RunResult, device: torch.device) -> None:
     """metrics.csv and summary.json of one seed; summary.json last, so it marks a finished run."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    lines = [",".join(METRIC_COLUMNS)]
-    lines += [",".join(repr(row[c]) if isinstance(row[c], float) else str(row[c]) for c in METRIC_COLUMNS)
+    # the engine's columns first, then whatever a method adds (Algorithm.round_metrics)
+    columns = list(METRIC_COLUMNS) + [c for c in (result.history[0] if result.history else {}) if c not in METRIC_COLUMNS]
+    lines = [",".join(columns)]
+    lines += [",".join(repr(row.get(c)) if isinstance(row.get(c), float) else str(row.get(c, "")) for c in columns)
               for row in result.history]
     atomic_write_text(out_dir / "metrics.csv", "\n".join(lines) + "\n")
     last = result.history[-1] if result.history else {}

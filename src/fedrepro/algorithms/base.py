@@ -71,3 +71,7 @@ class Algorithm:
 
     def server_end(self, w_global: torch.Tensor) -> torch.Tensor:
         return w_global + self._sum
+
+    def round_metrics(self) -> dict[str, float]:
+        """Extra columns for this round's evaluation row in metrics.csv (e.g. FedGTST's Jacobian norms)."""
+        return {}

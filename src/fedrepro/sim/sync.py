@@ -198,7 +198,7 @@ class FederatedRun:
                 result.history.append(
                     dict(round=rnd, test_acc=acc, test_loss=test_loss, train_loss=train_loss,
                          bytes_up=bytes_up, bytes_down=bytes_down, seconds=round(seconds, 4),
-                         **client_accuracy(self.class_counts, result.per_class_acc))
+                         **client_accuracy(self.class_counts, result.per_class_acc), **self.alg.round_metrics())
                 )
                 self.log(f"round {rnd}/{cfg.rounds} acc {acc:.2f} loss {test_loss:.4f} "
                          f"train {train_loss:.4f} {seconds:.1f}s")
