@@ -65,7 +65,8 @@ def write_run(out_dir: Path, spec: dict, seed: int, result: RunResult, device: t
     """metrics.csv and summary.json of one seed; summary.json last, so it marks a finished run."""
     out_dir.mkdir(parents=True, exist_ok=True)
     # the engine's columns first, then whatever a method adds (Algorithm.round_metrics)
-    columns = list(METRIC_COLUMNS) + [c for c in (result.history[0] if result.history else {}) if c not in METRIC_COLUMNS]
+    first = result.history[0] if result.history else {}
+    columns = list(METRIC_COLUMNS) + [c for c in first if c not in METRIC_COLUMNS]
     lines = [",".join(columns)]
     lines += [",".join(repr(row.get(c)) if isinstance(row.get(c), float) else str(row.get(c, "")) for c in columns)
               for row in result.history]
