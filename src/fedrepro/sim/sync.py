@@ -86,6 +86,9 @@ class FederatedRun:
             [np.bincount(labels[idx], minlength=data.num_classes) for idx in client_indices]
         )
         self.weighting = make_weighting(weighting, self.class_counts)
+        # methods that need more than their hooks' arguments (e.g. FedIIR's per-round gradients on the
+        # clients' data) reach the data and client index tensors through the simulation
+        self.alg.sim = self
         self.alg.setup(self.flat, len(client_indices), training)
 
     # ----- one client
