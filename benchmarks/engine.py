@@ -1,21 +1,21 @@
 """Engine speed against the plain-PyTorch floor, in one process on the same data and SGD steps.
 
-    python benchmarks/engine.py                  # the embedded FedDisco setting (simple CNN, Dir 0.5)
-    python benchmarks/engine.py --preset peers   # issue #4's setting (4-layer CNN, Dir 0.1, 20 clients)
+    python benchmarks/engine.py                        # the embedded FedDisco setting (simple CNN, Dir 0.5)
+    python benchmarks/engine.py --preset peers         # issue #4's setting (4-layer CNN, Dir 0.1, 20 clients)
+    python benchmarks/engine.py --preset peers --clients 10 20 50 100 --rounds 5
 
-"plain loop" is one model trained with torch.optim.SGD on batches sliced from in-memory tensors, with
-exactly the per-client batch sizes the federated run takes and no evaluation: the floor any federated
-simulator pays for the same SGD work. Ratios < 1.0 mean faster than that floor.
+"plain loop" is one model trained with torch.optim.SGD on batches sliced from in-memory tensors (PyTorch's
+default NCHW layout), with exactly the per-client batch sizes the federated run takes and no evaluation:
+the floor any federated simulator pays for the same SGD work. fedrepro's rows include an evaluation on
+the test set every round. Ratios are seconds / plain-loop seconds: < 1.0 is faster than that floor.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -28,29 +28,28 @@ from fedrepro.sim.sync import FederatedRun, TrainingConfig
 from fedrepro.sim.tensors import to_device_data
 
 PRESETS = {
-    "embedded": dict(model="simple_cnn", clients=10, beta=0.5, batch_size=32, lr=0.01, momentum=0.9,
-                     local_epochs=2, rounds=20),
+    "embedded": dict(model="simple_cnn", clients=10, beta=0.5, batch_size=16, lr=0.01, momentum=0.9,
+                     local_epochs=2, rounds=12),
     "peers": dict(model="cnn4", clients=20, beta=0.1, batch_size=10, lr=0.01, momentum=0.0,
                   local_epochs=1, rounds=20),
 }
 
 
-class Prepared:  # the digits arrays in the shape fedrepro.data.format.Prepared has
+class Digits:  # the embedded digits arrays, shaped like fedrepro.data.format.Prepared
     def __init__(self) -> None:
-        x_train, y_train, x_test, y_test, meta = DATASETS["digits"].prepare(None)
-        self.x_train, self.y_train, self.x_test, self.y_test, self.meta = x_train, y_train, x_test, y_test, meta
+        self.x_train, self.y_train, self.x_test, self.y_test, self.meta = DATASETS["digits"].prepare(None)
 
 
-def federated(data, parts, p: dict, seed: int) -> tuple[float, int]:
+def federated(data, parts, p: dict, seed: int, engine: str) -> float:
     cfg = TrainingConfig(rounds=p["rounds"], local_epochs=p["local_epochs"], batch_size=p["batch_size"],
                          lr=p["lr"], momentum=p["momentum"], eval_every=1)
     torch.manual_seed(seeding.derive_seed(seed, seeding.INIT))
     model = build_model(p["model"], data.shape, data.num_classes)
     run = FederatedRun(model, build_algorithm("fedavg"), data, parts, cfg, {"kind": "size"}, seed,
-                       log=lambda m: None)
+                       log=lambda m: None, engine=engine, side_by_side=128)
     t0 = time.perf_counter()
     run.run()
-    return time.perf_counter() - t0, 0
+    return time.perf_counter() - t0
 
 
 def batch_sizes(parts, p: dict) -> list[int]:
@@ -61,54 +60,68 @@ def batch_sizes(parts, p: dict) -> list[int]:
     return sizes * p["rounds"]
 
 
-def plain_loop(data, sizes: list[int], p: dict, seed: int) -> float:
+def plain_loop(x: torch.Tensor, y: torch.Tensor, sizes: list[int], p: dict, seed: int, channels_last: bool) -> float:
     torch.manual_seed(seed)
-    model = build_model(p["model"], data.shape, data.num_classes)
+    model = build_model(p["model"], (x.shape[2], x.shape[3], x.shape[1]), 10)
+    if channels_last:
+        model, x = model.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
+    else:
+        x = x.contiguous()
     opt = torch.optim.SGD(model.parameters(), lr=p["lr"], momentum=p["momentum"])
-    n = len(data.y_train)
+    n = len(y)
     gen = torch.Generator().manual_seed(seed)
-    order = torch.randperm(n, generator=gen)
+    order, pos = torch.randperm(n, generator=gen), 0
     t0 = time.perf_counter()
-    pos = 0
     for b in sizes:
         if pos + b > n:
             order, pos = torch.randperm(n, generator=gen), 0
         idx = order[pos : pos + b]
         pos += b
         opt.zero_grad()
-        F.cross_entropy(model(data.x_train[idx]), data.y_train[idx]).backward()
+        F.cross_entropy(model(x[idx]), y[idx]).backward()
         opt.step()
     return time.perf_counter() - t0
+
+
+def measure(data, p: dict, repeats: int) -> dict[str, float]:
+    parts = make_partition(data.y_train.numpy(), {"kind": "dirichlet", "clients": p["clients"], "beta": p["beta"],
+                                                  "min_size": 2}, seed=0)
+    sizes = batch_sizes(parts, p)
+    times: dict[str, list[float]] = {k: [] for k in ("plain", "plain_cl", "sequential", "vectorized")}
+    for r in range(repeats):  # interleaved, so drift in machine load hits every row alike
+        times["plain"].append(plain_loop(data.x_train, data.y_train, sizes, p, r, channels_last=False))
+        times["plain_cl"].append(plain_loop(data.x_train, data.y_train, sizes, p, r, channels_last=True))
+        times["sequential"].append(federated(data, parts, p, r, "sequential"))
+        times["vectorized"].append(federated(data, parts, p, r, "vectorized"))
+    out = {k: statistics.median(v) for k, v in times.items()}
+    out["steps"] = len(sizes)
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="embedded")
+    parser.add_argument("--clients", type=int, nargs="*", help="client counts to sweep (default: the preset's)")
+    parser.add_argument("--rounds", type=int, help="override the preset's rounds")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    p = PRESETS[args.preset]
-    data = to_device_data(Prepared(), torch.device("cpu"))
-    labels = data.y_train.numpy()
-    parts = make_partition(labels, {"kind": "dirichlet", "clients": p["clients"], "beta": p["beta"],
-                                    "min_size": 2}, seed=0)
-    sizes = batch_sizes(parts, p)
-    steps = len(sizes)
-    ours, plain = [], []
-    for r in range(args.repeats):  # interleaved, so drift in machine load hits both alike
-        ours.append(federated(data, parts, p, seed=r)[0])
-        plain.append(plain_loop(data, sizes, p, seed=r))
-    t_ours, t_plain = statistics.median(ours), statistics.median(plain)
-    print(f"preset {args.preset}: {p}")
-    print(f"{p['clients']} clients, {steps} client SGD steps over {p['rounds']} rounds, threads {args.threads}, "
-          f"torch {torch.__version__}, median of {args.repeats}")
-    print(f"{'':28s} {'seconds':>8s} {'steps/s':>9s} {'ratio':>6s}")
-    print(f"{'plain PyTorch loop':28s} {t_plain:8.2f} {steps / t_plain:9.0f} {1.0:6.2f}")
-    print(f"{'fedrepro FedAvg (+eval/rnd)':28s} {t_ours:8.2f} {steps / t_ours:9.0f} {t_ours / t_plain:6.2f}")
-    assert math.isfinite(t_ours)
+    p = dict(PRESETS[args.preset])
+    if args.rounds:
+        p["rounds"] = args.rounds
+    data = to_device_data(Digits(), torch.device("cpu"))
+    print(f"preset {args.preset}: {p}; threads {args.threads}; torch {torch.__version__}; "
+          f"median of {args.repeats}; ratio = seconds / plain loop (NCHW)")
+    print(f"{'clients':>7s} {'steps':>6s} | {'plain':>7s} {'plain-cl':>8s} | {'sequential':>10s} {'ratio':>5s} | "
+          f"{'vectorized':>10s} {'ratio':>5s} | steps/s seq")
+    for k in args.clients or [p["clients"]]:
+        t = measure(data, {**p, "clients": k}, args.repeats)
+        base = t["plain"]
+        print(f"{k:7d} {t['steps']:6d} | {base:7.2f} {t['plain_cl']:8.2f} | {t['sequential']:10.2f} "
+              f"{t['sequential'] / base:5.2f} | {t['vectorized']:10.2f} {t['vectorized'] / base:5.2f} | "
+              f"{t['steps'] / t['sequential']:.0f}")
 
 
 if __name__ == "__main__":
-    np.set_printoptions(precision=3)
     main()

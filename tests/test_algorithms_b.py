@@ -12,12 +12,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import dirichlet_clients
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from fedrepro import seeding
 from fedrepro.algorithms import build_algorithm
 from fedrepro.algorithms.base import Client
 from fedrepro.models import build_model
+from fedrepro.sim.flat import FlatModel
 from fedrepro.sim.sync import FederatedRun, TrainingConfig
 
 MODEL = "simple_cnn"
@@ -38,7 +38,7 @@ def metrics(result):
 
 def net_at(data, vector):
     net = build_model(MODEL, data.shape, data.num_classes)
-    vector_to_parameters(vector.clone(), net.parameters())
+    FlatModel(net).load(vector)  # the engine's vector layout
     return net
 
 
@@ -47,6 +47,7 @@ def reference_sgd(run, cid, rnd, w_start, extra):
     cfg, data = run.cfg, run.data
     net = net_at(data, w_start)
     params = list(net.parameters())
+    layout = FlatModel(build_model(MODEL, data.shape, data.num_classes))
     opt = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(seeding.derive_seed(run.seed, seeding.BATCHES, rnd, cid))
     idx = run.clients[cid]
@@ -56,9 +57,9 @@ def reference_sgd(run, cid, rnd, w_start, extra):
             b = order[start : start + cfg.batch_size]
             opt.zero_grad()
             loss = F.cross_entropy(net(data.x_train[b]), data.y_train[b])
-            (loss + extra(parameters_to_vector(params))).backward()
+            (loss + extra(layout.vector_of(params))).backward()
             opt.step()
-    return parameters_to_vector(params).detach()
+    return layout.vector_of([p.detach() for p in params])
 
 
 @pytest.fixture(scope="module", autouse=True)

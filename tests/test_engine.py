@@ -40,8 +40,13 @@ def test_flat_model_gradients_land_in_the_flat_vector():
     x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
     flat.zero_grad()
     F.cross_entropy(net(x), y).backward()
-    expected = torch.cat([p.grad.reshape(-1) for p in net.parameters()])
-    assert torch.equal(flat.g, expected) and flat.g.abs().sum() > 0
+    reference = build_model("simple_cnn", (28, 28, 1), 10)
+    reference.load_state_dict(net.state_dict())
+    F.cross_entropy(reference(x), y).backward()
+    expected = flat.vector_of([p.grad for p in reference.parameters()])
+    assert torch.allclose(flat.g, expected, atol=1e-6) and flat.g.abs().sum() > 0
+    assert torch.equal(flat.vector_of([p.detach() for p in net.parameters()]), flat.w)  # the layout round-trips
+    assert next(net.parameters()).is_contiguous(memory_format=torch.channels_last)
     flat.check_bound()
     params = torch.func.functional_call(net, flat.as_params(flat.w + 1.0), (x,))
     assert not torch.allclose(params, net(x))  # as_params really evaluates another vector
@@ -82,7 +87,7 @@ def test_fedavg_with_one_client_equals_plain_sgd(small_data):
                 opt.zero_grad()
                 F.cross_entropy(net(small_data.x_train[b]), small_data.y_train[b]).backward()
                 opt.step()
-    plain = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+    plain = run.flat.vector_of([p.detach() for p in net.parameters()])
     assert torch.allclose(ours, plain, atol=1e-5, rtol=1e-4)
 
 

@@ -66,7 +66,8 @@ def partition(data: Path, spec: dict, seeds: list[int], outs: list[Path], log: C
 
 
 def train(spec: dict, data: Path, partitions: list[Path], seeds: list[int], index: Path,
-          checkpoint_dir: Path, device: str, threads: int, log: Callable[[str], None]) -> None:
+          checkpoint_dir: Path, device: str, threads: int, log: Callable[[str], None],
+          engine: dict | None = None) -> None:
     """Every seed of one method x setting; ``index`` (seeds.json) is written last and lists the folders."""
     from fedrepro.io import atomic_write_json
     from fedrepro.train import train_job
@@ -77,6 +78,7 @@ def train(spec: dict, data: Path, partitions: list[Path], seeds: list[int], inde
         spec, Path(data),
         partitions=dict(zip(seeds, map(Path, partitions), strict=True)),
         out_dirs=out_dirs, checkpoint_dir=Path(checkpoint_dir), device=device, threads=threads, log=log,
+        engine=engine,
     )
     atomic_write_json(index, {"runs": [
         {"seed": s, "dir": out_dirs[s].name, "status": r.status} for s, r in results.items()

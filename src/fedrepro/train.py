@@ -94,6 +94,7 @@ def train_job(
     device: str = "auto",
     threads: int = 1,
     log: Callable[[str], None] = print,
+    engine: dict | None = None,
 ) -> dict[int, RunResult]:
     """Train ``spec`` for every seed; each seed resumes from its checkpoint if one matches."""
     torch.set_num_threads(threads)
@@ -122,6 +123,8 @@ def train_job(
             weighting=spec["weighting"],
             seed=seed,
             log=lambda msg, tag=tag: log(f"{tag}: {msg}"),
+            engine=(engine or {}).get("mode", "auto"),
+            side_by_side=(engine or {}).get("side_by_side", 32),
         )
         ckpt = checkpoint_dir / f"seed{seed}.pt" if checkpoint_dir else None
         result = run.run(ckpt, fingerprint(spec, seed, prepared.meta["sha256"], parts))

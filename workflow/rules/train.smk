@@ -14,6 +14,7 @@ rule train:
         seeds=seeds_of,
         checkpoint_dir=lambda w: f"{RES}/{w.study}/checkpoints/{w.setting}/{w.method}",
         device=CFG["device"],
+        engine=CFG["engine"],
     threads: CFG["train_resources"]["threads"]
     resources:
         gpu=CFG["train_resources"]["gpu"],

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call
 
 from fedrepro.sim.flat import FlatModel
 
@@ -35,6 +36,11 @@ class Client:
     steps: int = 0  # local SGD steps taken so far
 
 
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``values`` over the entries where ``mask`` is 1 (0 if none)."""
+    return (values * mask).sum() / mask.sum().clamp_min(1.0)
+
+
 class Algorithm:
     """FedAvg (McMahan et al., 2017): local SGD, weighted average of the client models."""
 
@@ -51,6 +57,24 @@ class Algorithm:
     # ----- client side
     def local_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, client: Client) -> torch.Tensor:
         return F.cross_entropy(model(x), y)
+
+    def functional_loss(self, model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                        mask: torch.Tensor, extras: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``local_loss`` as a pure function of ``params``, for clients trained side by side
+        (sim/vectorized.py): the mean over the batch's real samples (``mask`` 1; 0 for padding).
+        ``extras`` are this client's ``loss_extras``. A method that overrides ``local_loss`` overrides
+        this too, or it is trained one client at a time."""
+        per_sample = F.cross_entropy(functional_call(model, params, (x,)), y, reduction="none")
+        return masked_mean(per_sample, mask)
+
+    def loss_extras(self, client: Client) -> dict[str, torch.Tensor]:
+        """Per-client flat vectors ``functional_loss`` needs (e.g. MOON's previous local model)."""
+        return {}
+
+    @classmethod
+    def vectorizable(cls) -> bool:
+        """Whether its local objective exists as a pure function (``functional_loss``)."""
+        return cls.local_loss is Algorithm.local_loss or cls.functional_loss is not Algorithm.functional_loss
 
     def correct_grad(self, w: torch.Tensor, g: torch.Tensor, client: Client) -> None:
         """Add gradient terms to ``g`` in place (before weight decay and momentum)."""

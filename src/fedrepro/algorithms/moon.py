@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from fedrepro.algorithms.base import Algorithm, Client
+from fedrepro.algorithms.base import Algorithm, Client, masked_mean
 
 if TYPE_CHECKING:
     from fedrepro.sim.flat import FlatModel
@@ -29,11 +29,13 @@ if TYPE_CHECKING:
 
 
 def contrastive_loss(
-    z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, temperature: float
+    z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, temperature: float, reduction: str = "mean"
 ) -> torch.Tensor:
-    """MOON's l_con, averaged over the batch: cross-entropy with the global features as the positive."""
+    """MOON's l_con (averaged over the batch, or per sample): cross-entropy with the global features as
+    the positive."""
     logits = torch.stack([F.cosine_similarity(z, z_glob, dim=-1), F.cosine_similarity(z, z_prev, dim=-1)], 1)
-    return F.cross_entropy(logits / temperature, torch.zeros(len(z), dtype=torch.long, device=z.device))
+    target = torch.zeros(len(z), dtype=torch.long, device=z.device)
+    return F.cross_entropy(logits / temperature, target, reduction=reduction)
 
 
 class Moon(Algorithm):
@@ -61,6 +63,24 @@ class Moon(Algorithm):
         z_prev = z_glob if prev is None else self.features(model, prev, x)
         l_con = contrastive_loss(z, z_glob, z_prev, self.temperature)
         return F.cross_entropy(model.head(z), y) + self.mu * l_con
+
+    def loss_extras(self, client: Client) -> dict[str, torch.Tensor]:
+        if self.mu == 0:
+            return {}
+        return {"glob": client.w_start, "prev": self.state["prev"].get(client.cid, client.w_start)}
+
+    def functional_loss(self, model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+                        mask: torch.Tensor, extras: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.mu == 0:
+            return super().functional_loss(model, params, x, y, mask, extras)
+        body = {k[len("body."):]: v for k, v in params.items() if k.startswith("body.")}
+        head = {k[len("head."):]: v for k, v in params.items() if k.startswith("head.")}
+        z = functional_call(model.body, body, (x,))
+        z_glob = functional_call(model.body, self.flat.as_params(extras["glob"].detach(), "body."), (x,)).detach()
+        z_prev = functional_call(model.body, self.flat.as_params(extras["prev"].detach(), "body."), (x,)).detach()
+        per_sample = F.cross_entropy(functional_call(model.head, head, (z,)), y, reduction="none")
+        per_sample = per_sample + self.mu * contrastive_loss(z, z_glob, z_prev, self.temperature, reduction="none")
+        return masked_mean(per_sample, mask)
 
     def upload(self, client: Client, w_end: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.mu != 0:

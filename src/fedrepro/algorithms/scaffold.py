@@ -41,10 +41,10 @@ class Scaffold(Algorithm):
         return torch.zeros_like(self.state["c"]) if c_k is None else c_k
 
     def correct_grad(self, w: torch.Tensor, g: torch.Tensor, client: Client) -> None:
-        if client.steps == 0:
-            self._correction = self.state["c"] - self._c_local(client.cid)
+        if client.steps == 0:  # per client: the vectorised engine interleaves the clients' steps
+            self._corrections[client.cid] = self.state["c"] - self._c_local(client.cid)
         first = client.steps == 0 or not self.training.momentum
-        g.add_(self._correction, alpha=1.0 if first else 1.0 - self.training.momentum)
+        g.add_(self._corrections[client.cid], alpha=1.0 if first else 1.0 - self.training.momentum)
 
     def upload(self, client: Client, w_end: torch.Tensor) -> dict[str, torch.Tensor]:
         c_k = self._c_local(client.cid)
@@ -59,6 +59,7 @@ class Scaffold(Algorithm):
     def server_begin(self, w_global: torch.Tensor, sampled: np.ndarray, weights: np.ndarray) -> None:
         super().server_begin(w_global, sampled, weights)
         self._sum_c = torch.zeros_like(w_global)
+        self._corrections: dict[int, torch.Tensor] = {}
 
     def server_receive(self, cid: int, upload: dict[str, torch.Tensor], weight: float) -> None:
         super().server_receive(cid, upload, weight)

@@ -19,6 +19,7 @@ from fedrepro.algorithms.weighting import make_weighting
 from fedrepro.sim.checkpoint import load_checkpoint, save_checkpoint
 from fedrepro.sim.flat import FlatModel
 from fedrepro.sim.tensors import DeviceData, evaluate
+from fedrepro.sim.vectorized import train_side_by_side
 
 
 class Preempted(RuntimeError):
@@ -74,11 +75,19 @@ class FederatedRun:
         weighting: dict,
         seed: int,
         log: Callable[[str], None] = print,
+        engine: str = "sequential",
+        side_by_side: int = 32,
     ) -> None:
         self.flat = FlatModel(model)
         self.w_init = self.flat.w.detach().clone()  # the seeded initial model, whatever runs before run()
         self.model, self.alg, self.data, self.cfg = model, algorithm, data, training
         self.seed, self.log = seed, log
+        if engine == "vectorized" and not algorithm.vectorizable():
+            raise ValueError(f"{algorithm.name} has no functional_loss: it cannot train clients side by side")
+        # side by side where it pays (see sim/vectorized.py): CUDA, and a method with a pure local objective
+        self.vectorized = engine == "vectorized" or (
+            engine == "auto" and data.x_train.is_cuda and algorithm.vectorizable())
+        self.side_by_side = side_by_side
         device = data.x_train.device
         self.clients = [torch.as_tensor(idx, dtype=torch.long, device=device) for idx in client_indices]
         labels = data.y_train.cpu().numpy()
@@ -154,6 +163,13 @@ class FederatedRun:
                 taken += 1
             epoch += 1
 
+    def client_groups(self, cids: list[int], weights: list[float]):
+        """The sampled clients in training order: one at a time, or side by side in groups of at most
+        ``side_by_side`` (memory: each lane holds a parameter, gradient and momentum vector)."""
+        width = self.side_by_side if self.vectorized else 1
+        for start in range(0, len(cids), width):
+            yield cids[start : start + width], weights[start : start + width]
+
     # ----- the loop
     def run(self, checkpoint: Path | None = None, fingerprint: str = "") -> RunResult:
         cfg = self.cfg
@@ -182,13 +198,17 @@ class FederatedRun:
             self.alg.server_begin(w, sampled, weights)
             loss_sum = torch.zeros((), device=w.device)
             seen = 0
-            for cid, p in zip(sampled.tolist(), weights, strict=True):
-                bytes_down += model_bytes + payload_bytes(self.alg.download(cid))
-                upload, client_loss, client_seen = self.train_client(cid, rnd, w)
-                bytes_up += payload_bytes(upload)
-                self.alg.server_receive(cid, upload, p)
-                loss_sum += client_loss
-                seen += client_seen
+            for cids, ps in self.client_groups(sampled.tolist(), list(weights)):
+                bytes_down += sum(model_bytes + payload_bytes(self.alg.download(cid)) for cid in cids)
+                if self.vectorized:
+                    trained = train_side_by_side(self, cids, rnd, w)
+                else:
+                    trained = [self.train_client(cids[0], rnd, w)]
+                for cid, p, (upload, client_loss, client_seen) in zip(cids, ps, trained, strict=True):
+                    bytes_up += payload_bytes(upload)
+                    self.alg.server_receive(cid, upload, p)
+                    loss_sum += client_loss
+                    seen += client_seen
             with torch.no_grad():
                 w = self.alg.server_end(w)
             train_loss = loss_sum.item() / max(seen, 1)

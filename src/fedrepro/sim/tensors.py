@@ -41,7 +41,7 @@ def images_to_tensor(
         t = t.expand(-1, channels, -1, -1)
     if image_size is not None and image_size != t.shape[-1]:
         t = F.interpolate(t, size=(image_size, image_size), mode="bilinear", align_corners=False)
-    return t.contiguous()
+    return t.contiguous(memory_format=torch.channels_last)  # the convolutions' fast layout (sim/flat.py)
 
 
 def to_device_data(
@@ -61,9 +61,9 @@ def to_device_data(
     mean = x_train.mean(dim=(0, 2, 3), keepdim=True)
     std = x_train.std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
     return DeviceData(
-        x_train=(x_train - mean) / std,
+        x_train=((x_train - mean) / std).contiguous(memory_format=torch.channels_last),
         y_train=torch.as_tensor(prepared.y_train, dtype=torch.long, device=device),
-        x_test=(x_test - mean) / std,
+        x_test=((x_test - mean) / std).contiguous(memory_format=torch.channels_last),
         y_test=torch.as_tensor(prepared.y_test, dtype=torch.long, device=device),
         num_classes=int(prepared.meta["num_classes"]),
     )

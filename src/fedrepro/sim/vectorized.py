@@ -1,0 +1,82 @@
+"""Clients trained side by side: one batched computation per local step for all sampled clients.
+
+The sampled clients' parameter vectors are stacked ([m, P]); one step runs ``torch.func.vmap`` over the
+method's pure local objective (``Algorithm.functional_loss``) with every client's own batch, drawn exactly
+as the sequential engine draws it (same generators, same order), so the two engines agree to float
+tolerance. Ragged clients are handled by masking: a client's last, shorter batch is padded and masked,
+and a client that has finished its local steps is frozen while the others go on. Gradient corrections,
+weight decay, momentum and uploads are the method's ordinary hooks, called per client on row views.
+
+Where it pays: many small models on a GPU, where one batched kernel replaces m tiny launches. On the
+2-core CPUs this project is tested on, vmap's batched convolutions (grouped convolutions underneath)
+are slower than m ordinary ones (benchmarks/clients.py), so ``engine: auto`` picks it only on CUDA.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch.func import grad_and_value, vmap
+
+from fedrepro import seeding
+from fedrepro.algorithms.base import Client
+
+if TYPE_CHECKING:
+    from fedrepro.sim.sync import FederatedRun
+
+
+def train_side_by_side(run: FederatedRun, cids: list[int], rnd: int,
+                       w_global: torch.Tensor) -> list[tuple[dict, torch.Tensor, int]]:
+    """Local training of ``cids`` from ``w_global``; per client (upload, summed batch loss, samples seen),
+    as ``FederatedRun.train_client`` returns them."""
+    cfg, alg, flat = run.cfg, run.alg, run.flat
+    dev, m, bsz = w_global.device, len(cids), cfg.batch_size
+    clients = [Client(cid=c, round=rnd, w_start=w_global, num_samples=len(run.clients[c])) for c in cids]
+    schedules = []
+    for c in cids:
+        gen = torch.Generator().manual_seed(seeding.derive_seed(run.seed, seeding.BATCHES, rnd, c))
+        schedules.append(list(run.local_batches(run.clients[c], gen, rnd, c)))
+    lengths = torch.tensor([len(s) for s in schedules], device=dev)
+
+    extras_per_client = [alg.loss_extras(c) for c in clients]
+    extras = {k: torch.stack([e[k] for e in extras_per_client]) for k in extras_per_client[0]}
+
+    def lane_loss(w, x, y, mask, ex):
+        return alg.functional_loss(run.model, flat.as_params(w), x, y, mask, ex)
+
+    step_fn = vmap(grad_and_value(lane_loss))
+    w = w_global.expand(m, -1).clone()
+    buf = None
+    loss_sums = torch.zeros(m, device=dev)
+    seen = [0] * m
+    x_all, y_all = run.data.x_train, run.data.y_train
+    for t in range(int(lengths.max())):
+        idx = torch.zeros(m, bsz, dtype=torch.long, device=dev)
+        mask = torch.zeros(m, bsz, device=dev)
+        active = []
+        for i, schedule in enumerate(schedules):
+            if t < len(schedule):
+                batch = schedule[t]
+                idx[i, : len(batch)] = batch
+                mask[i, : len(batch)] = 1.0
+                active.append(i)
+        g, losses = step_fn(w, x_all[idx], y_all[idx], mask, extras)
+        with torch.no_grad():
+            for i in active:
+                alg.correct_grad(w[i], g[i], clients[i])
+            if cfg.weight_decay:
+                g.add_(w, alpha=cfg.weight_decay)
+            step = g
+            if cfg.momentum:
+                buf = g.clone() if buf is None else buf.mul_(cfg.momentum).add_(g)
+                step = buf
+            live = (lengths > t).to(w.dtype).unsqueeze(1)  # finished clients stay where they are
+            w.sub_(step * live, alpha=cfg.lr)
+            loss_sums += losses * mask.sum(1)
+        for i in active:
+            seen[i] += int(mask[i].sum())
+            clients[i].steps += 1
+    with torch.no_grad():
+        uploads = [alg.upload(clients[i], w[i]) for i in range(m)]
+    return [(uploads[i], loss_sums[i], seen[i]) for i in range(m)]
