@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 CORES ?= 2
 
-.PHONY: run test lint bench dryrun-paper clean-results
+.PHONY: run test lint bench cost clean-results
 
 $(VENV)/.installed: requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ lint: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/engine.py
+	$(BIN)/python benchmarks/engine.py --preset peers --clients 10 20 50 100 --rounds 5
+	$(BIN)/python benchmarks/memory.py
+
+cost: $(VENV)/.installed
+	$(BIN)/python -m fedrepro.cost --configfile config/paper.yaml
 
 clean-results:
 	rm -rf results/*/ .snakemake/metadata
