@@ -2,9 +2,10 @@
 
     python benchmarks/memory.py            # 10 vs 100 clients, FedAvg and SCAFFOLD, each in a fresh process
 
-Each run is a fresh Python process (so its peak RSS is its own): the 4-layer CNN on digits,
-Dirichlet 1.0 (100 clients on 1347 digits leave no room for 0.1), full participation, 2 rounds. FedAvg keeps no per-client state; SCAFFOLD keeps one control-variate vector
-per client that has trained, so its memory grows by clients x parameters x 4 bytes, by design.
+Each run is a fresh Python process (so its peak RSS is its own): the 4-layer CNN on digits, Dirichlet
+1.0 (100 clients on 1347 digits leave no room for 0.1), full participation, 2 rounds. FedAvg keeps no
+per-client state; SCAFFOLD keeps one control-variate vector per client that has trained, so its memory
+grows by clients x parameters x 4 bytes, by design.
 """
 
 from __future__ import annotations

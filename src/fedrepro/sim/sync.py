@@ -165,10 +165,16 @@ class FederatedRun:
 
     def client_groups(self, cids: list[int], weights: list[float]):
         """The sampled clients in training order: one at a time, or side by side in groups of at most
-        ``side_by_side`` (memory: each lane holds a parameter, gradient and momentum vector)."""
-        width = self.side_by_side if self.vectorized else 1
-        for start in range(0, len(cids), width):
-            yield cids[start : start + width], weights[start : start + width]
+        ``side_by_side`` (memory: each lane holds a parameter, gradient and momentum vector). Side by side,
+        clients are bucketed by size first, so a group's lanes finish their local steps together instead
+        of idling behind the largest client."""
+        if not self.vectorized:
+            yield from (([c], [p]) for c, p in zip(cids, weights, strict=True))
+            return
+        order = sorted(range(len(cids)), key=lambda i: len(self.clients[cids[i]]))
+        for start in range(0, len(order), self.side_by_side):
+            group = order[start : start + self.side_by_side]
+            yield [cids[i] for i in group], [weights[i] for i in group]
 
     # ----- the loop
     def run(self, checkpoint: Path | None = None, fingerprint: str = "") -> RunResult:
