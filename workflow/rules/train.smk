@@ -22,6 +22,8 @@ rule train:
         runtime=CFG["train_resources"]["runtime"],
     log:
         f"{RES}/{{study}}/logs/train/{{setting}}/{{method}}.log",
+    benchmark:
+        f"{RES}/{{study}}/benchmarks/train/{{setting}}/{{method}}.tsv"
     conda:
         "../../envs/torch.yaml"
     script:
