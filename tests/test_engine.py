@@ -208,3 +208,17 @@ def test_client_accuracy_variance_follows_client_class_distributions():
     assert out["client_acc_var"] == pytest.approx(per_client.var())
     # a class missing from the test set is left out and the client's distribution renormalised
     assert client_accuracy(counts, [90.0, None, 10.0])["client_acc_mean"] == pytest.approx((90 + 10 + 90) / 3)
+
+
+def test_atomic_writes_honour_the_umask(tmp_path):
+    import os
+
+    from fedrepro.io import atomic_write_text
+
+    old = os.umask(0o022)
+    try:
+        path = atomic_write_text(tmp_path / "x.txt", "hello")
+    finally:
+        os.umask(old)
+    assert path.read_text() == "hello" and (path.stat().st_mode & 0o777) == 0o644
+    assert not list(tmp_path.glob(".x.txt.*"))  # no temp file left behind

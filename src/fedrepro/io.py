@@ -18,11 +18,19 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path
     os.close(fd)
     try:
         write(Path(tmp))
+        # mkstemp creates 0600; results on a shared cluster file system must be readable as usual
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
