@@ -29,6 +29,7 @@ wildcard_constraints:
 include: "workflow/rules/data.smk"
 include: "workflow/rules/partition.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/finetune.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/report.smk"
 

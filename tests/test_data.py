@@ -279,7 +279,7 @@ def test_save_rejects_inconsistent_arrays(tmp_path: Path, built: dict[str, tuple
 def test_registry_prepares_embedded_and_rejects_unknown(tmp_path: Path) -> None:
     meta = prepare_dataset("digits", tmp_path / "d" / "digits.npz")
     assert load_prepared(tmp_path / "d" / "digits.npz").meta == meta
-    with pytest.raises(ValueError, match="known: ag_news, cifar10, cifar100, cinic10, digits, digits_m, fashion_mnist"):
+    with pytest.raises(ValueError, match="known: ag_news, cifar10, cifar100, cinic10, digits, digits_m, domainnet"):
         prepare_dataset("imagenet", tmp_path / "x.npz")
     with pytest.raises(ValueError, match="pass raw_dir"):
         prepare_dataset("mnist", tmp_path / "x.npz")

@@ -169,6 +169,17 @@ def test_divergence_stops_the_run_and_says_when(small_data):
         result.history[-1]["test_loss"]) or result.history[-1]["test_acc"] <= 20
 
 
+def test_a_finite_but_exploding_loss_counts_as_divergence(small_data, monkeypatch):
+    from fedrepro.sim import sync
+
+    parts = dirichlet_clients(small_data.y_train.numpy())
+    healthy = make_run(small_data, parts, cfg=dataclasses.replace(CFG, rounds=2)).run()
+    assert healthy.status == "complete"
+    monkeypatch.setattr(sync, "DIVERGED_LOSS", 1e-3)  # every real loss is above this
+    flagged = make_run(small_data, parts, cfg=dataclasses.replace(CFG, rounds=2)).run()
+    assert flagged.status == "diverged" and flagged.diverged_round == 1
+
+
 def test_bytes_are_counted_per_client_and_round(small_data):
     parts = dirichlet_clients(small_data.y_train.numpy())
     run = make_run(small_data, parts, cfg=dataclasses.replace(CFG, rounds=2))

@@ -135,7 +135,7 @@ def test_pathological_errors(labels: np.ndarray) -> None:
 
 
 def test_unknown_kind_lists_kinds(labels: np.ndarray) -> None:
-    with pytest.raises(ValueError, match="dirichlet, iid, imbalance, niid2, pathological"):
+    with pytest.raises(ValueError, match="dirichlet, domain, iid, imbalance, niid2, pathological"):
         make_partition(labels, {"kind": "bogus", "clients": 3}, 0)
     with pytest.raises(ValueError, match="'beta'"):
         make_partition(labels, {"kind": "dirichlet", "clients": 3}, 0)

@@ -1,13 +1,16 @@
-"""SLURM: what profiles/slurm asks of the scheduler (dry run, no cluster), and the tiny study run for real
-through a throwaway single-node cluster (tools/slurm/start.sh: root, Debian/Ubuntu packages, a fake GPU)."""
+"""SLURM: what profiles/slurm asks of the scheduler (dry run, no cluster), the tiny study run for real
+through a throwaway single-node cluster (tools/slurm/start.sh: root, Debian/Ubuntu packages, a fake GPU),
+and a train job cancelled mid-run with scancel that a rerun resumes to the uninterrupted run's numbers."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -17,9 +20,24 @@ from conftest import REPO
 
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile")]
 TOOLS = REPO / "tools" / "slurm"
-LOCALRULES = {"download_dataset", "aggregate", "table", "figure"}
+LOCALRULES = {"download_dataset", "aggregate", "aggregate_finetune", "table", "figure"}
 TINY = "studies:\n  feddisco: tests/data/tiny_study.yaml\ntrain_resources: {gpu: 1}\n"
 SLURM_RUN_TIMEOUT = 420  # snakemake can wait forever on a broken status query: never let it
+# one train job of 100 rounds (~10 s of training), long enough to be cancelled in the middle
+PREEMPT = "studies:\n  pre: tests/data/preempt_study.yaml\ntrain_resources: {gpu: 1}\n"
+PREEMPT_RUN = "results/pre/runs/niid/fedavg"
+
+
+def _preempt_checkpoint() -> str:
+    """The train job's checkpoint: under a digest of its run spec (workflow/rules/common.smk)."""
+    from fedrepro.config import load_yaml, resolve_config, run_spec, spec_digest
+
+    study = resolve_config(load_yaml(REPO / "tests" / "data" / "preempt_study.yaml") and
+                           {"studies": {"pre": "tests/data/preempt_study.yaml"}})["studies"]["pre"]
+    return f"results/pre/checkpoints/niid/fedavg/{spec_digest(run_spec(study, 'niid', 'fedavg'))}/seed0.pt"
+
+
+PREEMPT_CKPT = _preempt_checkpoint()
 
 
 def clean_env() -> dict[str, str]:
@@ -190,3 +208,123 @@ def test_tiny_study_through_slurm_equals_the_local_run(slurm_cluster, tmp_path):
     assert {p.name for p in logs.iterdir()} == {"rule_train", prep_logs[0].parent.name}
     for rule in ["aggregate", "table", "figure"]:
         assert f"localrule {rule}:" in out, rule
+
+
+
+def wait_for_checkpoint(proc: subprocess.Popen, path: Path, at_least: int, timeout: float) -> int:
+    """The round of the checkpoint at ``path`` once it is ``at_least`` (written atomically: never half-read)."""
+    import torch
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and (rnd := torch.load(path, weights_only=False)["round"]) >= at_least:
+            return rnd
+        if proc.poll() is not None:
+            out = proc.stdout.read()[-4000:]
+            pytest.fail(f"snakemake ended (exit {proc.returncode}) before round {at_least}:\n{out}")
+        time.sleep(0.05)
+    proc.kill()
+    pytest.fail(f"no checkpoint of round >= {at_least} at {path} after {timeout} s:\n{proc.communicate()[0][-4000:]}")
+
+
+def train_jobs_in_queue() -> list[str]:
+    """Ids of the queued or running train jobs (the plugin comments each job with rule_<rule>_wildcards_...)."""
+    out = subprocess.run(["squeue", "-h", "-o", "%i %k"], capture_output=True, text=True, timeout=30,
+                         env=clean_env()).stdout
+    rows = [line.split() for line in out.splitlines()]
+    return [row[0] for row in rows if len(row) > 1 and row[1].startswith("rule_train")]
+
+
+def cancel_mid_run(command: list[str], checkpoint: Path, at_least: int) -> tuple[int | None, str, str, int]:
+    """Run ``command`` (snakemake through SLURM); once ``checkpoint`` holds round ``at_least`` or later, scancel
+    the train job. Returns snakemake's exit code and output, the cancelled job's id and the round seen."""
+    proc = start(command, cwd=REPO, env=clean_env())
+    try:
+        seen = wait_for_checkpoint(proc, checkpoint, at_least=at_least, timeout=180)
+        jobs = train_jobs_in_queue()
+        assert len(jobs) == 1, jobs
+        subprocess.run(["scancel", jobs[0]], check=True, timeout=30, env=clean_env())
+    finally:
+        code, out = finish(proc, timeout=SLURM_RUN_TIMEOUT)
+    return code, out, jobs[0], seen
+
+
+def stopped_round(job_log: str) -> int:
+    """The round after which the train script stopped on SIGTERM, from its message in the SLURM job's log."""
+    found = re.search(rf"Preempted: stopped by a signal after round (\d+); checkpoint {PREEMPT_CKPT}$", job_log, re.M)
+    assert found, job_log[-3000:]
+    return int(found[1])
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_scancel_mid_run_checkpoints_fails_the_job_and_reruns_resume_to_the_uninterrupted_metrics(
+        slurm_cluster, tmp_path):
+    """scancel of a running train job: SLURM sends SIGTERM to every process of the job's steps (the python of
+    the train script included, under snakemake's srun step), SIGKILL KillWait (5 s) later. The script
+    checkpoints the round it is in and exits non-zero, and snakemake reports the job failed: without
+    --retries it stops (exit 1); rerun with --retries (profiles/slurm has retries: 2), it resumes from that
+    checkpoint, is cancelled once more and resubmitted by snakemake, and ends with exactly the metrics of an
+    uninterrupted local run."""
+    import torch
+
+    config = tmp_path / "preempt.yaml"
+    config.write_text(PREEMPT)
+    on_slurm, local = tmp_path / "slurm", tmp_path / "local"
+    target = f"{PREEMPT_RUN}/seeds.json"
+    ckpt = on_slurm / PREEMPT_CKPT
+    train_log = on_slurm / "results/pre/logs/train/niid/fedavg.log"
+    slurm_logs = on_slurm / ".snakemake/slurm_logs/rule_train/pre_niid_fedavg"
+    # the train job's inputs are made here (the test above sends the prep group job through SLURM), so the
+    # SLURM runs are the train job alone
+    code, out = run([*SNAKEMAKE, "results/pre/partitions/niid/seed0.npz", "--cores", "2", "--directory",
+                     str(on_slurm), "--configfile", str(config)], timeout=120, cwd=REPO, env=clean_env())
+    assert code == 0, out[-3000:]
+    local_proc = start([*SNAKEMAKE, target, "--cores", "1", "--directory", str(local), "--configfile", str(config)],
+                       cwd=REPO, env=clean_env())
+    command = [*SNAKEMAKE, target, "--executor", "slurm", "--profile", "profiles/slurm-test", "--workflow-profile",
+               "none", "--directory", str(on_slurm), "--configfile", str(config)]
+    try:
+        # 1. no retries: the cancelled job fails the run, and its checkpoint holds the round it stopped at
+        code, out, first, seen = cancel_mid_run(command, ckpt, at_least=4)
+        assert code == 1, out[-4000:]
+        assert f"SLURM-job '{first}' failed, SLURM status is: 'CANCELLED'" in out, out[-4000:]
+        assert scontrol_job(first).get("JobState") == "CANCELLED"
+        job_log = (slurm_logs / f"{first}.log").read_text()
+        assert "train.py' returned non-zero exit status 1." in job_log, job_log[-3000:]  # the script's own exit
+        stopped = stopped_round(job_log)
+        saved = torch.load(ckpt, weights_only=False)
+        # saved at the round it stopped at (checkpoint_every is 4: not only at the interval)
+        assert saved["round"] == stopped == len(saved["history"]) and seen <= stopped < 100
+        assert f"resumed from {PREEMPT_CKPT}" not in train_log.read_text()
+        assert not (on_slurm / PREEMPT_RUN / "seeds.json").exists()
+        assert not (on_slurm / PREEMPT_RUN / "seed0/summary.json").exists()
+
+        # 2. the same command with --retries: it resumes, is cancelled again, and snakemake submits it once more
+        code, out, second, _ = cancel_mid_run([*command, "--retries", "1"], ckpt, at_least=stopped + 3)
+        assert code == 0, out[-4000:]
+        assert f"SLURM-job '{second}' failed, SLURM status is: 'CANCELLED'" in out, out[-4000:]
+        assert "Trying to restart job 0." in out, out[-4000:]
+        job_log = (slurm_logs / f"{second}.log").read_text()
+        assert f"resumed from {PREEMPT_CKPT} after round {stopped}\n" in job_log, job_log[-3000:]
+        stopped_again = stopped_round(job_log)
+        assert stopped_again > stopped
+        third = sorted({p.stem for p in slurm_logs.glob("*.log")} - {first, second}, key=int)
+        assert len(third) == 1 and scontrol_job(third[0]).get("JobState") == "COMPLETED", third
+        # snakemake deletes a job's log before it runs the job again: the train log is the last attempt's
+        log = train_log.read_text()
+        assert f"resumed from {PREEMPT_CKPT} after round {stopped_again}\n" in log, log[-3000:]
+        assert f"round {stopped_again}/100 " not in log  # no round trained twice
+    finally:
+        local_code, local_out = finish(local_proc, timeout=300)
+    assert local_code == 0, local_out[-3000:]
+
+    # 3. and it ended with the numbers of the uninterrupted run
+    rel = "seed0/metrics.csv"
+    pd.testing.assert_frame_equal(without_seconds(on_slurm / PREEMPT_RUN / rel),
+                                  without_seconds(local / PREEMPT_RUN / rel), check_exact=True, obj=rel)
+    summary = json.loads((on_slurm / PREEMPT_RUN / "seed0/summary.json").read_text())
+    reference = json.loads((local / PREEMPT_RUN / "seed0/summary.json").read_text())
+    assert summary["status"] == "complete"
+    for key in ("final_acc", "best_acc", "last_k_acc", "per_class_acc"):
+        assert summary[key] == reference[key], key

@@ -172,6 +172,10 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         need = {"dirichlet": "beta", "pathological": "classes_per_client"}.get(part["kind"])
         if need and need not in part:
             fail(f"settings.{s}.partition", f"kind {part['kind']!r} needs key {need!r}")
+        if "target" in setting:
+            known(f"settings.{s}.target.dataset", setting["target"]["dataset"], DATASETS, "data set")
+        elif "finetune" in setting:
+            fail(f"settings.{s}.finetune", "fine-tuning options need a `target` data set")
     for m, method in study["methods"].items():
         known(f"methods.{m}.algorithm", method["algorithm"], ALGORITHMS, "algorithm")
         allowed = hyperparameters(method["algorithm"])
@@ -187,12 +191,20 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
             known(f"grid.{i}.methods", m, study["methods"], "method")
         runs.update((s, m) for s in block["settings"] for m in block["methods"])
     for t, table in study["tables"].items():
+        from_finetune = table["source"] == "finetune"
+        metrics = {table["metric"], *(c["metric"] for c in table["columns"] if "metric" in c)}
+        wrong = sorted(m for m in metrics if m.startswith("target_") != from_finetune)
+        if wrong:
+            fail(f"tables.{t}", f"metric {wrong[0]!r} does not exist for `source: {table['source']}` (target_* "
+                 "metrics come from fine-tuning, `source: finetune`; the others from pre-training)")
         for row in table["rows"]:
             for col in table["columns"]:
                 method = row["method"] + col.get("method_suffix", "")
                 if (col["setting"], method) not in runs:
                     fail(f"tables.{t}", f"cell ({method}, {col['setting']}) names a run the grid "
                          "does not produce; add it to `grid` or remove it from the table")
+                if from_finetune and "target" not in study["settings"][col["setting"]]:
+                    fail(f"tables.{t}", f"setting {col['setting']!r} has no `target` to fine-tune on")
     for f, fig in study["figures"].items():
         for s in fig.get("settings", []) + [p["setting"] for p in fig.get("points", [])]:
             known(f"figures.{f}", s, study["settings"], "setting")
@@ -203,8 +215,12 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
             if len(study["sweeps"][fig["sweep"]][0]["values"]) != 2:
                 fail(f"figures.{f}.sweep", "a gain_grid needs a sweep over exactly two keys")
         needed = set()
-        if fig["kind"] == "curve":
+        if fig["kind"] in ("curve", "finetune_curve"):
             needed = {(s, m) for s in fig["settings"] for m in fig["methods"]}
+        if fig["kind"] == "finetune_curve":
+            for s in fig["settings"]:
+                if "target" not in study["settings"][s]:
+                    fail(f"figures.{f}", f"setting {s!r} has no `target` to fine-tune on")
         elif fig["kind"] == "per_class":
             needed = {(fig["setting"], m) for m in fig["methods"]}
         elif fig["kind"] == "gain_grid":
@@ -247,3 +263,34 @@ def run_spec(study: dict, setting: str, method: str) -> dict[str, Any]:
 def label_of(study: dict, kind: str, key: str) -> str:
     """Display label of a method or setting (its `label`, else its key)."""
     return study[kind][key].get("label", key)
+
+
+FINETUNE_KEYS = ("epochs", "mode", "optimizer", "lr", "momentum", "weight_decay", "batch_size", "max_train_samples")
+
+
+def transfer_runs(study: dict) -> list[tuple[str, str]]:
+    """The grid runs whose setting has a `target` data set: each gets a fine-tuning job (FedGTST)."""
+    return [(s, m) for s, m in grid_runs(study) if "target" in study["settings"][s]]
+
+
+def finetune_spec(study: dict, setting: str, method: str) -> dict[str, Any]:
+    """Everything one fine-tuning job needs: the pre-trained model's architecture and input, the target
+    data set and the fine-tuning options (the study's, overridden by the setting's)."""
+    s = study["settings"][setting]
+    options = {k: study["finetune"][k] for k in FINETUNE_KEYS}
+    options.update(s.get("finetune", {}))
+    return {
+        "study": study["name"], "setting": setting, "method": method, "model": s["model"],
+        "dataset": s["dataset"], "image_size": s.get("image_size"), "channels": s.get("channels"),
+        "target": s["target"]["dataset"], "finetune": options,
+    }
+
+
+def spec_digest(spec: dict) -> str:
+    """A short hash of what a run computes (not how often it checkpoints): checkpoints live under it, so
+    editing a hyper-parameter starts fresh runs beside the old checkpoints instead of tripping over them."""
+    import hashlib
+    import json
+
+    relevant = {**spec, "training": {k: v for k, v in spec["training"].items() if k != "checkpoint_every"}}
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:12]

@@ -32,7 +32,14 @@ DATASETS = {
     "cifar10": (50000, (32, 32, 3), 10), "cifar100": (50000, (32, 32, 3), 100),
     "svhn": (73257, (32, 32, 3), 10), "cinic10": (90000, (32, 32, 3), 10),
     "ham10000": (9805, (56, 56, 3), 7), "ag_news": (120000, (64,), 4),
+    "mnist_m": (60000, (28, 28, 3), 10),
 }
+# DomainNet (FedGTST): train sizes of the official splits, images prepared at 64x64 (data/domainnet.py)
+_DOMAINNET_TRAIN = {"clipart": 33525, "infograph": 36023, "painting": 50426, "quickdraw": 120750,
+                    "real": 120906, "sketch": 48212}
+DATASETS.update({f"domainnet_{d}": (n, (64, 64, 3), 345) for d, n in _DOMAINNET_TRAIN.items()})
+DATASETS.update({f"domainnet_no_{d}": (sum(_DOMAINNET_TRAIN.values()) - n, (64, 64, 3), 345)
+                 for d, n in _DOMAINNET_TRAIN.items()})
 
 
 def step_flops(model_name: str, shape: tuple[int, ...], classes: int, batch: int) -> float:
@@ -89,6 +96,9 @@ def estimate(config: dict, gpu_tflops: float, step_floor_ms: float, cpu_spf: flo
         for setting, method in jobs:
             spec = run_spec(study, setting, method)
             _, shape, classes = DATASETS[spec["dataset"]]
+            if len(shape) == 3:  # the setting's resizing and grey -> colour expansion (FedGTST's MNIST)
+                side = spec.get("image_size")
+                shape = (side or shape[0], side or shape[1], spec.get("channels") or shape[2])
             key = (spec["model"], shape, classes, spec["training"]["batch_size"])
             if key not in flops_cache:
                 flops_cache[key] = step_flops(*key)

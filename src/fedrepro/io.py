@@ -54,6 +54,20 @@ def atomic_write_npz(path: str | os.PathLike, **arrays: Any) -> Path:
     return atomic_write(path, write)
 
 
+def open_npz(path: str | os.PathLike, what: str):
+    """``np.load`` of an .npz whose failure names the file and the way out (a truncated or foreign file
+    otherwise surfaces as a bare zipfile.BadZipFile)."""
+    import zipfile
+
+    import numpy as np
+
+    try:
+        return np.load(path, allow_pickle=False)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+        raise ValueError(f"{path}: corrupt or not a {what} ({type(exc).__name__}: {exc}); delete it and rerun "
+                         "snakemake to rebuild it") from exc
+
+
 def _jsonable(obj: Any) -> Any:
     # numpy scalars and arrays show up in stats and summaries
     if hasattr(obj, "tolist"):

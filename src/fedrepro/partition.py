@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from fedrepro.io import atomic_write_npz, atomic_write_text
+from fedrepro.io import atomic_write_npz, atomic_write_text, open_npz
 
 __all__ = [
     "PARTITIONERS",
@@ -317,7 +317,7 @@ def save_partition(path: str | os.PathLike, parts: list[np.ndarray], stats: dict
 
 def load_partition(path: str | os.PathLike) -> list[np.ndarray]:
     """Read the per-client index arrays written by :func:`save_partition`."""
-    with np.load(path, allow_pickle=False) as z:
+    with open_npz(path, "partition file") as z:
         indices, offsets = z["indices"], z["offsets"]
     return [indices[a:b].copy() for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
 
@@ -384,9 +384,25 @@ PARTITIONERS: dict[str, Callable[[np.ndarray, dict, np.random.Generator], list[n
 }
 
 
-def make_partition(labels: np.ndarray, spec: dict, seed: int) -> list[np.ndarray]:
-    """Partition ``labels`` as ``spec["kind"]`` says, driven by ``np.random.default_rng(seed)``."""
+def domain_partition(domain_sizes: list[int], n_clients: int) -> list[np.ndarray]:
+    """One client per domain of a multi-domain data set whose train split holds the domains one after
+    the other (``domain_sizes`` samples each, the prepared data set's meta): DomainNet leave-one-out."""
+    if n_clients != len(domain_sizes):
+        raise ValueError(f"partition kind 'domain': clients ({n_clients}) must equal the number of domains "
+                         f"({len(domain_sizes)})")
+    bounds = np.cumsum([0, *domain_sizes])
+    return _finish([np.arange(bounds[i], bounds[i + 1]) for i in range(len(domain_sizes))])
+
+
+def make_partition(labels: np.ndarray, spec: dict, seed: int, meta: dict | None = None) -> list[np.ndarray]:
+    """Partition ``labels`` as ``spec["kind"]`` says, driven by ``np.random.default_rng(seed)``; kind
+    ``domain`` reads the domains' sizes from the data set's ``meta``."""
     kind = spec.get("kind")
+    if kind == "domain":
+        if not meta or "domain_sizes_train" not in meta:
+            raise ValueError("partition kind 'domain' needs a multi-domain data set (meta domain_sizes_train)")
+        return domain_partition(meta["domain_sizes_train"], _require(spec, "clients"))
     if kind not in PARTITIONERS:
-        raise ValueError(f"unknown partition kind {kind!r}; known kinds: {', '.join(sorted(PARTITIONERS))}")
+        known = ", ".join(sorted([*PARTITIONERS, "domain"]))
+        raise ValueError(f"unknown partition kind {kind!r}; known kinds: {known}")
     return PARTITIONERS[kind](labels, spec, np.random.default_rng(seed))

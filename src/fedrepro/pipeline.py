@@ -36,11 +36,18 @@ def rule_log(path: str | Path | None) -> Iterator[Callable[[str], None]]:
 
 
 def download(dataset: str, raw_dir: Path, mirror: str | None, log: Callable[[str], None]) -> None:
+    from fedrepro.data.download import md5sum
     from fedrepro.data.registry import download_dataset
+    from fedrepro.io import atomic_write_json
 
     paths = download_dataset(dataset, Path(raw_dir), mirror=mirror)
     for p in paths:
         log(f"{dataset}: {p} ({p.stat().st_size} bytes, checksum verified)")
+    # the rule's declared output, written last: what was fetched, with the md5 of each file (the record
+    # for files whose publisher prints no checksum, e.g. BSDS500)
+    atomic_write_json(Path(raw_dir) / "MANIFEST.json",
+                      {"dataset": dataset, "files": {p.name: {"md5": md5sum(p), "bytes": p.stat().st_size}
+                                                     for p in paths}})
 
 
 def prepare(dataset: str, out: Path, raw_dir: Path | None, log: Callable[[str], None]) -> None:
@@ -59,7 +66,7 @@ def partition(data: Path, spec: dict, seeds: list[int], outs: list[Path], log: C
     with np.load(data) as f:
         labels, meta = f["y_train"], json.loads(str(f["meta"]))
     for seed, out in zip(seeds, outs, strict=True):
-        parts = make_partition(labels, spec, seed)
+        parts = make_partition(labels, spec, seed, meta)
         stats = partition_stats(parts, labels, meta["num_classes"])
         save_partition(out, parts, stats, spec)
         log(f"seed {seed}: {len(parts)} clients, sizes {min(stats['sizes'])}..{max(stats['sizes'])} -> {out}")
@@ -83,6 +90,35 @@ def train(spec: dict, data: Path, partitions: list[Path], seeds: list[int], inde
     atomic_write_json(index, {"runs": [
         {"seed": s, "dir": out_dirs[s].name, "status": r.status} for s, r in results.items()
     ]})
+
+
+def finetune(spec: dict, runs_index: Path, source: Path, target: Path, checkpoint_dir: Path, index: Path,
+             device: str, threads: int, log: Callable[[str], None]) -> None:
+    """Fine-tune every seed of one method x setting on the setting's target; ``index`` (seeds.json) is
+    written last and lists the per-seed records (seed{N}.json beside it)."""
+    from fedrepro.finetune import finetune_job
+    from fedrepro.io import atomic_write_json
+
+    runs = json.loads(Path(runs_index).read_text())["runs"]
+    index = Path(index)
+    records = finetune_job(spec, Path(source), Path(target), runs, Path(checkpoint_dir), index.parent,
+                           device=device, threads=threads, log=log)
+    atomic_write_json(index, {"runs": [{"seed": r["seed"], "file": f"seed{r['seed']}.json", "status": r["status"]}
+                                       for r in records]})
+
+
+def aggregate_finetune(indexes: list[Path], summary_csv: Path, curves_csv: Path, log: Callable[[str], None]) -> None:
+    """Collect the fine-tuning records listed by each finetune job's seeds.json: one row per run
+    (target_acc, best_target_acc, status) and one per run and fine-tuning epoch (the curves)."""
+    from fedrepro.report.collect import collect_finetune, write_csv_atomic
+
+    files = []
+    for index in map(Path, indexes):
+        files += [index.parent / run["file"] for run in json.loads(index.read_text())["runs"]]
+    summary, curves = collect_finetune(files)
+    write_csv_atomic(summary, Path(summary_csv))
+    write_csv_atomic(curves, Path(curves_csv))
+    log(f"{len(summary)} fine-tuned runs, {len(curves)} epoch rows -> {summary_csv}, {curves_csv}")
 
 
 def aggregate(indexes: list[Path], runs_csv: Path, summary_csv: Path, log: Callable[[str], None]) -> None:
@@ -119,7 +155,9 @@ def figure(spec: dict, inputs: list[Path], out_stem: Path, log: Callable[[str], 
     from fedrepro.report import figures, figures_feddisco
 
     kind = spec["kind"]
-    if kind in ("partition", "class_histogram"):
+    if kind == "finetune_curve":  # target accuracy per fine-tuning epoch (finetune_curves.csv)
+        figures.render_curves({**spec, "x": "epoch"}, pd.read_csv(inputs[0]), Path(out_stem))
+    elif kind in ("partition", "class_histogram"):
         stats = {s["setting"]: json.loads(Path(p).read_text()) for s, p in zip(spec["settings"], inputs, strict=True)}
         render = {"partition": figures_feddisco.render_partition,
                   "class_histogram": figures_feddisco.render_class_histogram}[kind]

@@ -9,7 +9,16 @@ from snakemake.exceptions import WorkflowError
 SRC = str(Path(workflow.basedir) / "src")
 sys.path.insert(0, SRC)
 
-from fedrepro.config import ConfigError, grid_runs, label_of, resolve_config, run_spec  # noqa: E402
+from fedrepro.config import (  # noqa: E402
+    ConfigError,
+    finetune_spec,
+    grid_runs,
+    label_of,
+    resolve_config,
+    run_spec,
+    spec_digest,
+    transfer_runs,
+)
 from fedrepro.data.registry import get_spec, raw_files  # noqa: E402
 
 try:
@@ -83,11 +92,25 @@ def figure_spec(study, name):
     return spec
 
 
+def finetune_indexes(study):
+    """The fine-tuning jobs' indexes of a study (one per transferred method x setting)."""
+    return [f"{RES}/{study}/finetune/{s}/{m}/seeds.json" for s, m in transfer_runs(STUDIES[study])]
+
+
+def table_summary(wildcards):
+    """What a table's cells read: the runs' summary.csv, or finetune.csv for `source: finetune`."""
+    source = study_of(wildcards)["tables"][wildcards.table]["source"]
+    return f"{RES}/{wildcards.study}/{'finetune' if source == 'finetune' else 'summary'}.csv"
+
+
 def figure_inputs(wildcards):
-    """runs.csv for curves, partition stats for partition plots, summary.csv for the rest."""
+    """runs.csv for curves, finetune_curves.csv for fine-tuning curves, partition stats for partition
+    plots, summary.csv for the rest."""
     f = study_of(wildcards)["figures"][wildcards.figure]
     if f["kind"] == "curve":
         return [f"{RES}/{wildcards.study}/runs.csv"]
+    if f["kind"] == "finetune_curve":
+        return [f"{RES}/{wildcards.study}/finetune_curves.csv"]
     if f["kind"] in ("partition", "class_histogram"):
         return [f"{RES}/{wildcards.study}/partitions/{s}/seed{f['seed']}.json" for s in f["settings"]]
     return [f"{RES}/{wildcards.study}/summary.csv"]
@@ -97,3 +120,9 @@ def published_numbers(wildcards):
     """The paper's published numbers (config/paper/<paper>.csv), if the study names a paper."""
     paper = study_of(wildcards)["paper"]
     return [f"{workflow.basedir}/config/paper/{paper}.csv"] if paper else []
+
+
+def checkpoint_dir(wildcards):
+    """Checkpoints of a train job, under a digest of its run spec (an edited config starts fresh)."""
+    spec = run_spec(study_of(wildcards), wildcards.setting, wildcards.method)
+    return f"{RES}/{wildcards.study}/checkpoints/{wildcards.setting}/{wildcards.method}/{spec_digest(spec)}"

@@ -24,6 +24,7 @@ rule prepare_dataset:
         manifest=lambda w: (
             [f"{DATA}/{w.dataset}/raw/MANIFEST.json"] if get_spec(w.dataset).needs_download else []
         ),
+        parts=lambda w: [f"{DATA}/{name}.npz" for name in get_spec(w.dataset).built_from],
     output:
         f"{DATA}/{{dataset}}.npz",
     params:

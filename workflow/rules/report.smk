@@ -8,7 +8,7 @@ localrules:
 
 rule table:
     input:
-        summary=f"{RES}/{{study}}/summary.csv",
+        summary=table_summary,
         runs=f"{RES}/{{study}}/runs.csv",
         published=published_numbers,
     output:

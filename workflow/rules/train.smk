@@ -12,7 +12,7 @@ rule train:
     params:
         spec=lambda w: run_spec(study_of(w), w.setting, w.method),
         seeds=seeds_of,
-        checkpoint_dir=lambda w: f"{RES}/{w.study}/checkpoints/{w.setting}/{w.method}",
+        checkpoint_dir=checkpoint_dir,
         device=CFG["device"],
         engine=CFG["engine"],
     threads: CFG["train_resources"]["threads"]

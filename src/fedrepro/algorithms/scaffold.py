@@ -30,6 +30,7 @@ class Scaffold(Algorithm):
     def __init__(self, server_lr: float = 1.0) -> None:
         super().__init__()
         self.server_lr = server_lr
+        self._corrections: dict[int, torch.Tensor] = {}  # this round's c - c_k per client
 
     def setup(self, flat: FlatModel, num_clients: int, training: TrainingConfig) -> None:
         super().setup(flat, num_clients, training)

@@ -57,17 +57,19 @@ def _stream(url: str, part: Path, timeout: float) -> None:
         raise _Truncated(got, int(length))
 
 
-def fetch(url: str, dest: Path, md5: str, *, timeout: float = 60, retries: int = 2) -> Path:
+def fetch(url: str, dest: Path, md5: str | None, *, timeout: float = 60, retries: int = 2) -> Path:
     """Download `url` to `dest` unless `dest` already has the md5; verify it and rename atomically.
 
     Network errors, 5xx responses and truncated bodies are retried `retries` times. A body that keeps
     arriving truncated, or arrives whole with the wrong md5, is moved to ``<dest>.corrupt`` and raises
-    ChecksumError; a later call downloads it again.
+    ChecksumError; a later call downloads it again. ``md5=None`` is for the rare file whose publisher
+    prints no checksum: only its length is checked, an existing copy is kept, and the caller records
+    the md5 it got (the download step's MANIFEST.json).
     """
     dest = Path(dest)
-    md5 = md5.lower()
+    md5 = None if md5 is None else md5.lower()
     if dest.exists():
-        if md5sum(dest) == md5:
+        if md5 is None or md5sum(dest) == md5:
             return dest
         # A stale or damaged copy (e.g. the upstream file changed): keep it for inspection, fetch anew.
         _quarantine(dest, dest)
@@ -94,7 +96,7 @@ def fetch(url: str, dest: Path, md5: str, *, timeout: float = 60, retries: int =
             if attempt == retries:
                 raise DownloadError(f"could not download {url}: {e}") from e
             continue
-        actual = md5sum(part)
+        actual = md5sum(part) if md5 is not None else None
         if actual != md5:
             bad = _quarantine(part, dest)
             raise ChecksumError(f"md5 mismatch for {dest.name} downloaded from {url}: expected {md5}, "

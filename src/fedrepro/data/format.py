@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from fedrepro.io import atomic_write_npz
+from fedrepro.io import atomic_write_npz, open_npz
 
 ARRAY_KEYS = ("x_train", "y_train", "x_test", "y_test")
 REQUIRED_META = ("name", "num_classes", "classes", "shape", "source")
@@ -98,7 +98,7 @@ def save_prepared(path: Path | str, x_train: np.ndarray, y_train: np.ndarray, x_
 def load_prepared(path: Path | str) -> Prepared:
     """Load a prepared .npz, checking its keys and its sha256; errors name the file."""
     path = Path(path)
-    with np.load(path, allow_pickle=False) as z:
+    with open_npz(path, "prepared data set") as z:
         missing = [k for k in (*ARRAY_KEYS, "meta") if k not in z.files]
         if missing:
             raise PreparedFormatError(f"{path}: not a prepared data set, missing arrays {missing}")

@@ -12,7 +12,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from fedrepro.data import embedded, feddisco_sets, vision
+from fedrepro.data import domainnet, embedded, feddisco_sets, mnist_m, vision
 from fedrepro.data.format import save_prepared
 
 
@@ -21,6 +21,8 @@ class DatasetSpec:
     """One data set: `download(raw_dir, mirror=None, checksums=None)` and `prepare(raw_dir)`.
 
     `files` names the raw files the download step leaves in raw_dir (empty: the vision tables say).
+    `built_from` names prepared data sets this one is made of (DomainNet's leave-one-out sources): its
+    `prepare` then takes their .npz paths, which live beside its own output.
     """
 
     name: str
@@ -29,6 +31,7 @@ class DatasetSpec:
     prepare: Callable[..., tuple[Any, ...]]
     manual_instructions: str | None
     files: tuple[str, ...] = ()
+    built_from: tuple[str, ...] = ()
 
 
 def _manual(name: str) -> str:
@@ -60,6 +63,17 @@ DATASETS: dict[str, DatasetSpec] = {
     "ag_news": DatasetSpec("ag_news", True, partial(feddisco_sets.download, "ag_news"),
                            feddisco_sets.prepare_ag_news, feddisco_sets.manual_instructions("ag_news"),
                            tuple(feddisco_sets.REMOTES["ag_news"].files)),
+    # FedGTST: MNIST-M built from MNIST and BSDS500; DomainNet's six domains and their leave-one-outs
+    "mnist_m": DatasetSpec("mnist_m", True, mnist_m.download, mnist_m.prepare_mnist_m,
+                           mnist_m.manual_instructions(), mnist_m.FILES),
+    **{f"domainnet_{d}": DatasetSpec(f"domainnet_{d}", True, partial(domainnet.download, d),
+                                     partial(domainnet.prepare_domain, d), domainnet.manual_instructions(d),
+                                     tuple(domainnet.files(d)))
+       for d in domainnet.DOMAINS},
+    **{f"domainnet_no_{d}": DatasetSpec(f"domainnet_no_{d}", False, None,
+                                        partial(domainnet.prepare_leave_one_out, d), None,
+                                        built_from=tuple(f"domainnet_{s}" for s in domainnet.DOMAINS if s != d))
+       for d in domainnet.DOMAINS},
 }
 
 
@@ -91,6 +105,8 @@ def download_dataset(name: str, raw_dir: Path, mirror: str | None = None,
 def prepare_dataset(name: str, out: Path, raw_dir: Path | None = None) -> dict[str, Any]:
     """Build data set `name` (from raw_dir when it needs a download) and write it to `out`; return meta."""
     spec = get_spec(name)
+    if spec.built_from:
+        return save_prepared(out, *spec.prepare([Path(out).parent / f"{s}.npz" for s in spec.built_from]))
     if spec.needs_download and raw_dir is None:
         raise ValueError(f"data set {name!r} is prepared from downloaded files: pass raw_dir")
     return save_prepared(out, *spec.prepare(None if raw_dir is None else Path(raw_dir)))

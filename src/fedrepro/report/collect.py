@@ -137,3 +137,45 @@ def write_text_atomic(text: str, path: Path) -> None:
 def write_csv_atomic(df: pd.DataFrame, path: Path) -> None:
     """Write ``df`` as CSV (no index) via a temp file in the same folder and os.replace."""
     write_text_atomic(df.to_csv(index=False, lineterminator="\n"), path)
+
+
+FINETUNE_COLUMNS = [*KEYS, "status", "diverged_round", "target_acc", "best_target_acc"]
+CURVE_COLUMNS = [*KEYS, "epoch", "train_acc", "train_loss", "test_acc", "test_loss"]
+
+
+def collect_finetune(files: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Read fine-tuning records (finetune/{setting}/{method}/seed{N}.json) into (summary, curves):
+    one row per run (``FINETUNE_COLUMNS``) and one per run and fine-tuning epoch (``CURVE_COLUMNS``)."""
+    rows, curves, seen = [], [], {}
+    for path in map(Path, files):
+        data = _read_json(path)
+        missing = [k for k in [*FINETUNE_COLUMNS, "curve"] if k not in data]
+        if missing:
+            raise RunDataError(f"fine-tuning record {path} lacks keys {missing}")
+        if data["status"] not in STATUSES:
+            raise RunDataError(f"fine-tuning record {path}: status {data['status']!r} not in {sorted(STATUSES)}")
+        key = tuple(data[k] for k in KEYS)
+        if key in seen:
+            raise RunDataError(f"fine-tuned run {key} appears twice: {seen[key]} and {path}")
+        seen[key] = path
+        rows.append({k: data[k] for k in FINETUNE_COLUMNS})
+        curves += [{**{k: data[k] for k in KEYS}, **{c: r.get(c) for c in CURVE_COLUMNS[len(KEYS):]}}
+                   for r in data["curve"]]
+    summary = pd.DataFrame(rows, columns=FINETUNE_COLUMNS).astype({"seed": "int64", "diverged_round": "Int64"})
+    for col in ("target_acc", "best_target_acc"):
+        summary[col] = pd.to_numeric(summary[col], errors="coerce").astype("float64")
+    curve_df = pd.DataFrame(curves, columns=CURVE_COLUMNS).astype({"seed": "int64", "epoch": "int64"})
+    return (summary.sort_values(KEYS, kind="stable").reset_index(drop=True),
+            curve_df.sort_values([*KEYS, "epoch"], kind="stable").reset_index(drop=True))
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        raise FileNotFoundError(f"missing fine-tuning record: {path}")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise RunDataError(f"unreadable fine-tuning record {path}: {err}") from err
+    if not isinstance(data, dict):
+        raise RunDataError(f"fine-tuning record {path} is not a JSON object")
+    return data

@@ -9,7 +9,8 @@ import pandas as pd
 
 from fedrepro.report.collect import KEYS
 
-SUMMARY_METRICS = ("final_acc", "best_acc", "last_k_acc")
+# per-run columns of summary.csv, and of finetune.csv for the fine-tuning tables (source: finetune)
+SUMMARY_METRICS = ("final_acc", "best_acc", "last_k_acc", "target_acc", "best_target_acc")
 LOWER_IS_BETTER = ("rounds_to_", "client_acc_var")
 
 

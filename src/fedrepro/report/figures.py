@@ -27,6 +27,11 @@ AXIS_LABELS = {
     "bytes_up": "bytes uploaded (cumulative)",
     "bytes_down": "bytes downloaded (cumulative)",
     "seconds": "wall-clock seconds (cumulative)",
+    "epoch": "fine-tuning epoch",
+    "train_acc": "train accuracy (%)",
+    "jac_norm": "global Jacobian norm ||mean_k J_k||",
+    "jac_var": "cross-client Jacobian variance σ²",
+    "guide_norm": "guide norm γ",
 }
 BANDS = {
     "sd": ("sd", "band: ±1 sd over seeds"),
@@ -81,7 +86,8 @@ def render_curves(spec: dict, runs: pd.DataFrame, out_stem: Path) -> None:
     """Write ``out_stem``.png (150 dpi) and .pdf: mean curve per method with a band over seeds.
 
     spec: name, caption, kind="curve", settings [{setting, label}], methods [{method, label}],
-    optional y (default test_acc), x (default round) and band ("sd", default, or "ci").
+    optional y (default test_acc), x (default round), band ("sd", default, or "ci"), max_round (show
+    x <= max_round only) and log_y. Methods without values of y (a statistic they do not log) are left out.
     """
     y, x = spec.get("y", "test_acc"), spec.get("x", "round")
     band = spec.get("band", "sd")
@@ -96,6 +102,8 @@ def render_curves(spec: dict, runs: pd.DataFrame, out_stem: Path) -> None:
     to_label = {m["method"]: m["label"] for m in methods}
 
     data = runs[runs["setting"].isin([s["setting"] for s in settings]) & runs["method"].isin(to_label)]
+    if spec.get("max_round"):
+        data = data[data[x] <= spec["max_round"]]
     if data.empty:
         raise ValueError(f"figure {spec.get('name')}: no runs for its settings and methods")
     # A diverged run can log inf; drop those points rather than let them blow up the axis.
@@ -108,7 +116,8 @@ def render_curves(spec: dict, runs: pd.DataFrame, out_stem: Path) -> None:
     ncols, nrows = grid_shape(len(settings))
     palette, dashes = method_palette(labels), method_dashes(labels)
     with mpl.rc_context(FIGURE_RC):
-        fig = new_figure(3.8 * ncols, 3.0 * nrows + 1.2)
+        # at least 7 inches wide: a single panel would otherwise clip its caption and legend title
+        fig = new_figure(max(3.8 * ncols, 7.0), 3.0 * nrows + 1.2)
         axes = panel_axes(fig, len(settings))
         handles: dict[str, object] = {}
         for ax, setting in zip(axes, settings, strict=True):
@@ -119,9 +128,9 @@ def render_curves(spec: dict, runs: pd.DataFrame, out_stem: Path) -> None:
             if panel[y].notna().sum() == 0:
                 ax.text(0.5, 0.5, "no runs", transform=ax.transAxes, ha="center", va="center", color="0.4")
                 continue
-            present = [lab for lab in labels if lab in set(panel["method_label"])]
+            present = [lab for lab in labels if lab in set(panel.loc[panel[y].notna(), "method_label"])]
             sns.lineplot(
-                data=panel,
+                data=panel[panel["method_label"].isin(present)],
                 x=x,
                 y=y,
                 hue="method_label",
@@ -134,6 +143,8 @@ def render_curves(spec: dict, runs: pd.DataFrame, out_stem: Path) -> None:
                 seed=0,
                 ax=ax,
             )
+            if spec.get("log_y"):
+                ax.set_yscale("log")
             for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
                 handles.setdefault(lab, h)
             if ax.get_legend() is not None:

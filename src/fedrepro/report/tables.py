@@ -17,6 +17,8 @@ METRICS = {
     "final_acc": "test accuracy after the last round",
     "best_acc": "best test accuracy over rounds",
     "last_k_acc": "mean test accuracy over the last {k} evaluations",
+    "target_acc": "target-domain test accuracy after fine-tuning the pre-trained model",
+    "best_target_acc": "best target-domain test accuracy over the fine-tuning epochs",
 }
 EMBEDDED_NOTE = (
     "These runs use the small embedded data sets, models and round budgets, while the published numbers "

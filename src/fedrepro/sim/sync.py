@@ -27,6 +27,9 @@ class Preempted(RuntimeError):
 
 
 _STOP = threading.Event()
+# mean training loss above which a run counts as diverged: cross-entropy starts at ln(classes) < 10, and no
+# method's extra terms come near this in a healthy run
+DIVERGED_LOSS = 1e4
 
 
 def request_stop(*_: object) -> None:
@@ -219,7 +222,10 @@ class FederatedRun:
                 w = self.alg.server_end(w)
             train_loss = loss_sum.item() / max(seen, 1)
             seconds += time.perf_counter() - t0
-            diverged = not math.isfinite(train_loss) or not bool(torch.isfinite(w).all())
+            # a finite but astronomical loss (SCAFFOLD blowing up to 1e11) is divergence too: no table
+            # should average it in as a result
+            diverged = (not math.isfinite(train_loss) or train_loss > DIVERGED_LOSS
+                        or not bool(torch.isfinite(w).all()))
             if diverged or rnd % cfg.eval_every == 0 or rnd == cfg.rounds:
                 self.flat.load(w)
                 acc, test_loss, result.per_class_acc = evaluate(

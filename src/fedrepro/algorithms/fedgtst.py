@@ -1,0 +1,163 @@
+"""FedGTST (Ma et al., NeurIPS 2024), Algorithm 1: Jacobian-norm statistics tuning for transferability.
+
+Client k minimises CE + xi (||J_k|| - gamma)^2 (Eq. 10), J_k the gradient of its minibatch loss w.r.t. all
+weights (double backprop) and gamma the server's guide norm. After local training it reports one scalar,
+its surrogate norm gamma_k = ||J_k(w_k)|| at its trained model; a random 10% of the clients also train
+without the regulariser from the same start and report max(regularised, vanilla) norm (the vanilla model
+is thrown away: the transmitted model is the regularised one). The server averages the models as FedAvg
+does and sets the next guide norm to the largest reported norm, broadcast with the model.
+
+Choices where the paper is silent (options; config/studies/fedgtst.yaml says which the study uses):
+- gamma_0 (``gamma0``): None = round 1 trains without the regulariser and its reported norms give
+  gamma_1; a number fixes gamma_0.
+- the surrogate norm is taken over a fixed subset of the client's data (``norm_samples``), at the model
+  it transmits (its vanilla twin's, for the max);
+- the vanilla subset is drawn each round among that round's participants, max(1, round(10% of K))
+  clients (``vanilla_fraction``), so that the boost acts every round under partial participation; the
+  vanilla run takes the very batches of the regularised run (the engine's batch seed), i.e. it is the
+  FedAvg client update.
+xi = 0 is FedAvg exactly: no regulariser, no norm, no vanilla run, nothing extra up or down.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedrepro import seeding
+from fedrepro.algorithms.base import Algorithm, Client
+from fedrepro.algorithms.jacobian import JacobianStats
+
+if TYPE_CHECKING:
+    from fedrepro.sim.flat import FlatModel
+    from fedrepro.sim.sync import TrainingConfig
+
+VANILLA_DRAW = 102  # seed purpose of the per-round vanilla subset
+
+
+def loss_and_jacobian_norm(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(CE on the batch, ||d CE / d w||_2) with the norm differentiable w.r.t. w (create_graph)."""
+    ce = F.cross_entropy(model(x), y)
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(ce, params, create_graph=True)
+    sq = torch.stack([g.pow(2).sum() for g in grads]).sum()
+    return ce, sq.clamp_min(1e-24).sqrt()  # clamp: sqrt has an infinite slope at 0
+
+
+def regularised_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, xi: float, gamma: float) -> torch.Tensor:
+    """Eq. 10 on one batch: CE + xi (||J|| - gamma)^2."""
+    ce, norm = loss_and_jacobian_norm(model, x, y)
+    return ce + xi * (norm - gamma) ** 2
+
+
+class FedGTST(JacobianStats, Algorithm):
+    name = "fedgtst"
+
+    def __init__(self, xi: float = 5e-4, vanilla_fraction: float = 0.1, gamma0: float | None = None,
+                 norm_samples: int | None = 512, jac_stats: bool = False, jac_samples: int | None = 512) -> None:
+        super().__init__()
+        if xi < 0 or not 0 <= vanilla_fraction <= 1:
+            raise ValueError(f"fedgtst: need xi >= 0 and 0 <= vanilla_fraction <= 1, got {xi}, {vanilla_fraction}")
+        self.xi, self.vanilla_fraction, self.gamma0 = float(xi), float(vanilla_fraction), gamma0
+        self.norm_samples = norm_samples
+        self.init_jacobian(jac_stats, jac_samples)
+
+    def setup(self, flat: FlatModel, num_clients: int, training: TrainingConfig) -> None:
+        super().setup(flat, num_clients, training)
+        # the guide norm: absent until the first norms arrive (unless gamma0 is given)
+        self.state = {} if self.gamma0 is None else {"gamma": torch.tensor(float(self.gamma0), device=self.device)}
+        self._phi: tuple[int, set[int]] = (-1, set())
+
+    # ----- client side
+    def local_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, client: Client) -> torch.Tensor:
+        gamma = self.state.get("gamma")
+        if self.xi == 0 or gamma is None:
+            return super().local_loss(model, x, y, client)
+        return regularised_loss(model, x, y, self.xi, gamma)
+
+    def download(self, cid: int) -> dict[str, torch.Tensor]:
+        gamma = self.state.get("gamma")
+        return {} if self.xi == 0 or gamma is None else {"gamma": gamma}
+
+    def upload(self, client: Client, w_end: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = super().upload(client, w_end)
+        if self.xi == 0:
+            return out
+        w_reg = w_end.detach().clone()
+        norm = self.client_gradient(w_reg, client.cid, self.norm_samples).norm()
+        if client.cid in self.vanilla_clients(client.round):
+            w_vanilla = self.train_vanilla(client)
+            norm = torch.maximum(norm, self.client_gradient(w_vanilla, client.cid, self.norm_samples).norm())
+            self.flat.load(w_reg)  # leave the engine's model as its hook found it
+        out["norm"] = norm.reshape(())
+        return out
+
+    def vanilla_clients(self, rnd: int) -> set[int]:
+        """phi of round ``rnd``: max(1, round(vanilla_fraction * K)) of the round's participants."""
+        if self._phi[0] != rnd:
+            sampled = np.asarray(self._sampled)
+            m = 0 if self.vanilla_fraction == 0 else max(1, round(self.vanilla_fraction * self.num_clients))
+            m = min(m, len(sampled))
+            rng = seeding.rng_for(self.sim.seed, VANILLA_DRAW, rnd)
+            self._phi = (rnd, set(rng.choice(sampled, m, replace=False).tolist()))
+        return self._phi[1]
+
+    def train_vanilla(self, client: Client) -> torch.Tensor:
+        """The client's plain-CE local training from the round's global model (the engine's SGD step:
+        weight decay, momentum, lr; its batch order), returning the final parameters."""
+        sim, flat, cfg = self.sim, self.flat, self.training
+        idx = sim.clients[client.cid]
+        x_all, y_all = sim.data.x_train, sim.data.y_train
+        gen = torch.Generator().manual_seed(seeding.derive_seed(sim.seed, seeding.BATCHES, client.round, client.cid))
+        flat.load(client.w_start)
+        buf = None
+        for _ in range(cfg.local_epochs):
+            order = idx[torch.randperm(len(idx), generator=gen).to(idx.device)]
+            for start in range(0, len(idx), cfg.batch_size):
+                batch = order[start : start + cfg.batch_size]
+                flat.zero_grad()
+                with torch.enable_grad():  # called from upload, which the engine runs under no_grad
+                    F.cross_entropy(flat.model(x_all[batch]), y_all[batch]).backward()
+                with torch.no_grad():
+                    step = flat.g
+                    if cfg.weight_decay:
+                        step.add_(flat.w, alpha=cfg.weight_decay)
+                    if cfg.momentum:
+                        buf = step.clone() if buf is None else buf.mul_(cfg.momentum).add_(step)
+                        step = buf
+                    flat.w.add_(step, alpha=-cfg.lr)
+        flat.zero_grad()
+        return flat.w.detach().clone()
+
+    # ----- server side
+    def server_begin(self, w_global: torch.Tensor, sampled: np.ndarray, weights: np.ndarray) -> None:
+        super().server_begin(w_global, sampled, weights)
+        self._sampled = np.asarray(sampled)
+        self._norms: list[torch.Tensor] = []
+        self.probe_round(w_global, sampled)
+
+    def server_receive(self, cid: int, upload: dict[str, torch.Tensor], weight: float) -> None:
+        super().server_receive(cid, upload, weight)
+        if "norm" in upload:
+            self._norms.append(upload["norm"])
+
+    def server_end(self, w_global: torch.Tensor) -> torch.Tensor:
+        if self._norms:
+            self.state["gamma"] = guide_norm(self._norms)
+        return super().server_end(w_global)
+
+    def round_metrics(self) -> dict[str, float]:
+        out = self.jacobian_metrics()
+        if self.xi != 0:
+            gamma = self.state.get("gamma")
+            out["guide_norm"] = float("nan") if gamma is None else float(gamma)
+        return out
+
+
+def guide_norm(norms: list[torch.Tensor]) -> torch.Tensor:
+    """The server's guide norm: the largest surrogate norm reported this round (Algorithm 1, line 13)."""
+    return torch.stack([n.reshape(()) for n in norms]).max()

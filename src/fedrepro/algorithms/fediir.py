@@ -1,0 +1,106 @@
+"""FedIIR (Guo et al., ICML 2023): implicit invariant relationships via gradient alignment.
+
+At the start of a round every participant computes the gradient of its loss w.r.t. the classifier at the
+global model and sends it up; the server averages them (aggregation weights) into the global gradient
+g_bar and sends it down. During local training each client minimises
+CE + penalty * ||dCE/dw_cls - g_bar||^2 on every batch (double backprop through the classifier gradient),
+as the FedIIR code does. The extra exchange (a gradient up, g_bar down, both of classifier size) is
+counted in bytes. ``params: all`` aligns the gradients of every weight instead of the classifier's.
+penalty = 0 is FedAvg exactly: no gradients are taken or exchanged.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedrepro.algorithms.base import Algorithm, Client
+from fedrepro.algorithms.jacobian import JacobianStats
+
+if TYPE_CHECKING:
+    from fedrepro.sim.flat import FlatModel
+    from fedrepro.sim.sync import TrainingConfig
+
+
+def head_slice(flat: FlatModel, prefix: str = "head.") -> slice:
+    """The contiguous range of the flat vector holding the parameters whose names start with ``prefix``."""
+    offset, start, stop = 0, None, None
+    for name, p in flat.model.named_parameters():  # FlatModel's order: model.parameters()
+        if name.startswith(prefix):
+            start = offset if start is None else start
+            stop = offset + p.numel()
+        offset += p.numel()
+    if start is None:
+        raise ValueError(f"fediir: the model has no parameters named {prefix}*")
+    return slice(start, stop)
+
+
+class FedIIR(JacobianStats, Algorithm):
+    name = "fediir"
+
+    def __init__(self, penalty: float = 1e-3, params: str = "head", grad_samples: int | None = 512,
+                 jac_stats: bool = False, jac_samples: int | None = 512) -> None:
+        super().__init__()
+        if params not in ("head", "all"):
+            raise ValueError(f"fediir: params must be 'head' or 'all', got {params!r}")
+        self.penalty, self.params, self.grad_samples = float(penalty), params, grad_samples
+        self.init_jacobian(jac_stats, jac_samples)
+
+    def setup(self, flat: FlatModel, num_clients: int, training: TrainingConfig) -> None:
+        super().setup(flat, num_clients, training)
+        self._span = head_slice(flat) if self.params == "head" else slice(0, flat.numel)
+        self._g_bar: torch.Tensor | None = None
+        self._client_grads: dict[int, torch.Tensor] = {}
+
+    def _aligned(self, model: nn.Module) -> list[torch.Tensor]:
+        params = list(model.parameters())
+        if self.params == "all":
+            return params
+        return [p for name, p in model.named_parameters() if name.startswith("head.")]
+
+    def local_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, client: Client) -> torch.Tensor:
+        if self.penalty == 0:
+            return super().local_loss(model, x, y, client)
+        ce = F.cross_entropy(model(x), y)
+        grads = torch.autograd.grad(ce, self._aligned(model), create_graph=True)
+        g = torch.cat([t.reshape(-1) for t in grads])
+        return ce + self.penalty * (g - self._g_bar).pow(2).sum()
+
+    def download(self, cid: int) -> dict[str, torch.Tensor]:
+        return {} if self.penalty == 0 else {"g_bar": self._g_bar}
+
+    def upload(self, client: Client, w_end: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = super().upload(client, w_end)
+        if self.penalty != 0:
+            out["grad"] = self._client_grads.pop(client.cid)  # sent at the round's start; counted here
+        return out
+
+    def server_begin(self, w_global: torch.Tensor, sampled: np.ndarray, weights: np.ndarray) -> None:
+        super().server_begin(w_global, sampled, weights)
+        if self.penalty == 0:
+            self.probe_round(w_global, sampled)
+            return
+        weight_of = dict(zip(np.asarray(sampled).tolist(), np.asarray(weights, dtype=np.float64).tolist(),
+                             strict=True))
+        g_bar = torch.zeros(self._span.stop - self._span.start, device=w_global.device)
+        self._client_grads = {}
+
+        def collect(cid: int, g: torch.Tensor) -> None:
+            part = g[self._span].clone()
+            self._client_grads[cid] = part
+            g_bar.add_(part, alpha=weight_of[cid])
+
+        if self.jac_stats and self.grad_samples != self.jac_samples:
+            self.probe_round(w_global, sampled)  # statistics on their own sample budget
+            for cid in weight_of:
+                collect(cid, self.client_gradient(w_global, cid, self.grad_samples))
+        else:
+            self.probe_round(w_global, sampled, on_gradient=collect, max_samples=self.grad_samples)
+        self._g_bar = g_bar
+
+    def round_metrics(self) -> dict[str, float]:
+        return self.jacobian_metrics()

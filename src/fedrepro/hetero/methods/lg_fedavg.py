@@ -1,0 +1,53 @@
+"""LG-FedAvg (Liang et al., 2020) as HtFLlib runs it for FedL2G: clients train their whole model with CE,
+upload their classifier head, and the server averages the heads weighted by the clients' training-set
+sizes; bodies are never shared. The averaged head overwrites the head of every client the server next
+samples (HtFLlib sends it to all clients after aggregation; with full participation, the paper's default,
+that is the same). Round 1 starts from the clients' own heads. Needs one head shape for the whole group
+(not HtM10).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from fedrepro.hetero.base import ClientRound, HeteroMethod, copy_head_in, head_of
+
+if TYPE_CHECKING:
+    from fedrepro.hetero.engine import HeteroRun
+
+
+class LGFedAvg(HeteroMethod):
+    name = "lg_fedavg"
+    homogeneous_heads = True
+
+    def setup(self, run: HeteroRun) -> None:
+        super().setup(run)
+        self.state = {"head": None}
+
+    def broadcast(self, cid: int, rnd: int) -> dict[str, Any]:
+        return {} if self.state["head"] is None else {"head": self.state["head"]}
+
+    def receive(self, client: ClientRound, payload: dict[str, Any]) -> None:
+        if "head" in payload:
+            copy_head_in(client.model, payload["head"])
+
+    def upload(self, client: ClientRound) -> dict[str, Any]:
+        return {"head": head_of(client.model)}
+
+    def server_begin(self, rnd: int, sampled: np.ndarray) -> None:
+        self._sum: dict[str, torch.Tensor] | None = None
+        self._total = 0
+
+    def server_receive(self, cid: int, upload: dict[str, Any], num_train: int) -> None:
+        head = upload["head"]
+        if self._sum is None:
+            self._sum = {k: torch.zeros_like(v) for k, v in head.items()}
+        for k, v in head.items():
+            self._sum[k].add_(v, alpha=float(num_train))
+        self._total += num_train
+
+    def server_end(self, rnd: int) -> None:
+        self.state["head"] = {k: v / self._total for k, v in self._sum.items()}

@@ -1,0 +1,49 @@
+# Fine-tuning on the target domain (FedGTST): one job per transferred method x setting, every seed inside,
+# starting from the final pre-trained parameters in the train job's checkpoints (read, not declared: they
+# are the train job's working files; its seeds.json is written after the last one). Each seed writes
+# finetune/{setting}/{method}/seed{N}.json (target accuracy per fine-tuning epoch and final); seeds.json
+# lists them and is written last.
+
+
+localrules:
+    aggregate_finetune,
+
+
+rule finetune:
+    input:
+        runs=f"{RES}/{{study}}/runs/{{setting}}/{{method}}/seeds.json",
+        source=lambda w: f"{DATA}/{setting_of(w)['dataset']}.npz",
+        target=lambda w: f"{DATA}/{setting_of(w)['target']['dataset']}.npz",
+    output:
+        f"{RES}/{{study}}/finetune/{{setting}}/{{method}}/seeds.json",
+    params:
+        spec=lambda w: finetune_spec(study_of(w), w.setting, w.method),
+        checkpoint_dir=checkpoint_dir,
+        device=CFG["device"],
+    threads: CFG["train_resources"]["threads"]
+    resources:
+        gpu=CFG["train_resources"]["gpu"],
+        mem_mb=CFG["train_resources"]["mem_mb"],
+        runtime=CFG["train_resources"]["runtime"],
+    log:
+        f"{RES}/{{study}}/logs/finetune/{{setting}}/{{method}}.log",
+    conda:
+        "../../envs/torch.yaml"
+    script:
+        "../scripts/finetune.py"
+
+
+# Every fine-tuned run of a study: finetune.csv (one row per run; tables with `source: finetune`) and
+# finetune_curves.csv (one row per run and epoch; figures of kind finetune_curve).
+rule aggregate_finetune:
+    input:
+        lambda w: finetune_indexes(w.study),
+    output:
+        summary=f"{RES}/{{study}}/finetune.csv",
+        curves=f"{RES}/{{study}}/finetune_curves.csv",
+    log:
+        f"{RES}/{{study}}/logs/aggregate_finetune.log",
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/aggregate_finetune.py"
