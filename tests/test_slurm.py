@@ -30,10 +30,9 @@ PREEMPT_RUN = "results/pre/runs/niid/fedavg"
 
 def _preempt_checkpoint() -> str:
     """The train job's checkpoint: under a digest of its run spec (workflow/rules/common.smk)."""
-    from fedrepro.config import load_yaml, resolve_config, run_spec, spec_digest
+    from fedrepro.config import resolve_config, run_spec, spec_digest
 
-    study = resolve_config(load_yaml(REPO / "tests" / "data" / "preempt_study.yaml") and
-                           {"studies": {"pre": "tests/data/preempt_study.yaml"}})["studies"]["pre"]
+    study = resolve_config({"studies": {"pre": "tests/data/preempt_study.yaml"}})["studies"]["pre"]
     return f"results/pre/checkpoints/niid/fedavg/{spec_digest(run_spec(study, 'niid', 'fedavg'))}/seed0.pt"
 
 
