@@ -154,9 +154,11 @@ def expand_sweeps(study: dict) -> dict[str, list[dict]]:
 
 def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
     """Cross-references the schema cannot express: names that must exist, tables the grid must produce."""
-    from fedrepro.algorithms import ALGORITHMS, hyperparameters
     from fedrepro.data.registry import DATASETS
-    from fedrepro.models import MODELS
+    from fedrepro.federations import federation, hyperparameters_of, methods_of, models_of
+
+    kind = study["federation"]
+    methods, models = methods_of(kind), models_of(kind)
 
     def fail(key: str, msg: str) -> None:
         raise ConfigError(f"{source}: {_key_path([p for p in (prefix, key) if p])}: {msg}")
@@ -167,7 +169,8 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
 
     for s, setting in study["settings"].items():
         known(f"settings.{s}.dataset", setting["dataset"], DATASETS, "data set")
-        known(f"settings.{s}.model", setting["model"], MODELS, "model")
+        known(f"settings.{s}.model", setting["model"], models,
+              "model group" if kind == "hetero" else "model")
         part = setting["partition"]
         need = {"dirichlet": "beta", "pathological": "classes_per_client"}.get(part["kind"])
         if need and need not in part:
@@ -177,8 +180,8 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         elif "finetune" in setting:
             fail(f"settings.{s}.finetune", "fine-tuning options need a `target` data set")
     for m, method in study["methods"].items():
-        known(f"methods.{m}.algorithm", method["algorithm"], ALGORITHMS, "algorithm")
-        allowed = hyperparameters(method["algorithm"])
+        known(f"methods.{m}.algorithm", method["algorithm"], methods, "algorithm")
+        allowed = hyperparameters_of(kind, method["algorithm"])
         for key in method["hparams"]:
             if key not in allowed:
                 fail(f"methods.{m}.hparams", f"{method['algorithm']} has no hyper-parameter {key!r}"
@@ -190,6 +193,13 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         for m in block["methods"]:
             known(f"grid.{i}.methods", m, study["methods"], "method")
         runs.update((s, m) for s in block["settings"] for m in block["methods"])
+    fixed = federation(kind).fixed_training
+    for s, m in sorted(runs):
+        training = run_training(study, s, m)
+        for key, value, why in fixed:
+            if training[key] != value:
+                fail(f"settings.{s} / methods.{m}: training.{key}",
+                     f"must be {value!r} in a `federation: {kind}` study ({why}), got {training[key]!r}")
     for t, table in study["tables"].items():
         from_finetune = table["source"] == "finetune"
         metrics = {table["metric"], *(c["metric"] for c in table["columns"] if "metric" in c)}
@@ -247,17 +257,22 @@ def grid_runs(study: dict) -> list[tuple[str, str]]:
 def run_spec(study: dict, setting: str, method: str) -> dict[str, Any]:
     """Everything one train job needs, fully resolved (the job fingerprints exactly this)."""
     s, m = study["settings"][setting], study["methods"][method]
-    training = {k: study["defaults"][k] for k in TRAINING_KEYS}
-    training.update(s.get("training", {}))
-    training.update(m.get("training", {}))
     return {
-        "study": study["name"], "setting": setting, "method": method,
+        "study": study["name"], "federation": study["federation"], "setting": setting, "method": method,
         "dataset": s["dataset"], "partition": s["partition"], "model": s["model"],
         "image_size": s.get("image_size"), "channels": s.get("channels"),
         "test_longtail_rho": s.get("test_longtail_rho"),
         "algorithm": m["algorithm"], "hparams": m["hparams"], "weighting": m["weighting"],
-        "training": training,
+        "training": run_training(study, setting, method),
     }
+
+
+def run_training(study: dict, setting: str, method: str) -> dict[str, Any]:
+    """The training keys of one run: the study's defaults, overridden by the setting's, then the method's."""
+    training = {k: study["defaults"][k] for k in TRAINING_KEYS}
+    training.update(study["settings"][setting].get("training", {}))
+    training.update(study["methods"][method].get("training", {}))
+    return training
 
 
 def label_of(study: dict, kind: str, key: str) -> str:

@@ -77,8 +77,9 @@ def train(spec: dict, data: Path, partitions: list[Path], seeds: list[int], inde
           engine: dict | None = None) -> None:
     """Every seed of one method x setting; ``index`` (seeds.json) is written last and lists the folders."""
     from fedrepro.io import atomic_write_json
-    from fedrepro.train import train_job
+    from fedrepro.federations import job_of
 
+    train_job = job_of(spec.get("federation", "sync"))  # FedL2G's per-client models, Feddle's delays, ...
     index = Path(index)
     out_dirs = {s: index.parent / f"seed{s}" for s in seeds}
     results = train_job(

@@ -15,13 +15,13 @@ import torch
 
 import fedrepro
 from fedrepro.algorithms import build_algorithm
-from fedrepro.data.format import load_prepared
+from fedrepro.data.format import Prepared, load_prepared
 from fedrepro.io import atomic_write_json, atomic_write_text
 from fedrepro.models import build_model
 from fedrepro.partition import load_partition, longtail_test_indices
 from fedrepro.seeding import INIT, derive_seed
 from fedrepro.sim.sync import FederatedRun, RunResult, TrainingConfig, request_stop
-from fedrepro.sim.tensors import to_device_data
+from fedrepro.sim.tensors import DeviceData, to_device_data
 
 METRIC_COLUMNS = ("round", "test_acc", "test_loss", "train_loss", "bytes_up", "bytes_down", "seconds",
                   "client_acc_mean", "client_acc_var")
@@ -79,10 +79,25 @@ def write_run(out_dir: Path, spec: dict, seed: int, result: RunResult, device: t
         **summarize(result, spec["training"]["last_k"]),
         "per_class_acc": result.per_class_acc,
         "seconds": last.get("seconds"), "config": spec, "device": str(device),
+        # what an engine's result adds (the heterogeneous engine: per-client accuracies)
+        **{k: v for k, v in vars(result).items() if k not in {f.name for f in dataclasses.fields(RunResult)}},
         "versions": {"fedrepro": fedrepro.__version__, "python": platform.python_version(),
                      "torch": torch.__version__, "numpy": np.__version__},
     }
     atomic_write_json(out_dir / "summary.json", summary)
+
+
+def job_data(spec: dict, data_path: Path, device: str, threads: int) -> tuple[torch.device, Prepared, DeviceData]:
+    """What every train job does first: threads, the preemption signal, the device, the data on it."""
+    torch.set_num_threads(threads)
+    signal.signal(signal.SIGTERM, request_stop)  # preemption: checkpoint after this round, then exit non-zero
+    dev = pick_device(device)
+    prepared = load_prepared(data_path)
+    if spec.get("test_longtail_rho"):
+        # FedDisco Table 5: test on a long-tailed set matching the long-tailed training data
+        keep = longtail_test_indices(prepared.y_test, spec["test_longtail_rho"], np.random.default_rng(0))
+        prepared = dataclasses.replace(prepared, x_test=prepared.x_test[keep], y_test=prepared.y_test[keep])
+    return dev, prepared, to_device_data(prepared, dev, spec.get("image_size"), spec.get("channels"))
 
 
 def train_job(
@@ -97,15 +112,7 @@ def train_job(
     engine: dict | None = None,
 ) -> dict[int, RunResult]:
     """Train ``spec`` for every seed; each seed resumes from its checkpoint if one matches."""
-    torch.set_num_threads(threads)
-    signal.signal(signal.SIGTERM, request_stop)  # preemption: checkpoint after this round, then exit non-zero
-    dev = pick_device(device)
-    prepared = load_prepared(data_path)
-    if spec.get("test_longtail_rho"):
-        # FedDisco Table 5: test on a long-tailed set matching the long-tailed training data
-        keep = longtail_test_indices(prepared.y_test, spec["test_longtail_rho"], np.random.default_rng(0))
-        prepared = dataclasses.replace(prepared, x_test=prepared.x_test[keep], y_test=prepared.y_test[keep])
-    data = to_device_data(prepared, dev, spec.get("image_size"), spec.get("channels"))
+    dev, prepared, data = job_data(spec, data_path, device, threads)
     training = TrainingConfig(**spec["training"])
     results = {}
     for seed, part_path in partitions.items():
