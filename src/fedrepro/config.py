@@ -175,6 +175,10 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         need = {"dirichlet": "beta", "pathological": "classes_per_client"}.get(part["kind"])
         if need and need not in part:
             fail(f"settings.{s}.partition", f"kind {part['kind']!r} needs key {need!r}")
+        if part.get("pool_test") and kind != "hetero":
+            # the other engines test on the test split: pooling it into the clients' data would leak it
+            fail(f"settings.{s}.partition.pool_test", "only a `federation: hetero` study tests on the clients' "
+                 "own held-out samples; elsewhere pooling the test split into training leaks it")
         if "target" in setting:
             known(f"settings.{s}.target.dataset", setting["target"]["dataset"], DATASETS, "data set")
         elif "finetune" in setting:
@@ -208,7 +212,11 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
             fail(f"tables.{t}", f"metric {wrong[0]!r} does not exist for `source: {table['source']}` (target_* "
                  "metrics come from fine-tuning, `source: finetune`; the others from pre-training)")
         for row in table["rows"]:
+            for s in row.get("not_applicable", []):
+                known(f"tables.{t}.rows.not_applicable", s, study["settings"], "setting")
             for col in table["columns"]:
+                if col["setting"] in row.get("not_applicable", []):
+                    continue
                 method = row["method"] + col.get("method_suffix", "")
                 if (col["setting"], method) not in runs:
                     fail(f"tables.{t}", f"cell ({method}, {col['setting']}) names a run the grid "

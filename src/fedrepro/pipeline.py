@@ -65,6 +65,8 @@ def partition(data: Path, spec: dict, seeds: list[int], outs: list[Path], log: C
 
     with np.load(data) as f:
         labels, meta = f["y_train"], json.loads(str(f["meta"]))
+        if spec.get("pool_test"):  # PFLlib/HtFLlib's generators: train and test together, clients re-split
+            labels = np.concatenate([labels, f["y_test"]])
     for seed, out in zip(seeds, outs, strict=True):
         parts = make_partition(labels, spec, seed, meta)
         stats = partition_stats(parts, labels, meta["num_classes"])
@@ -76,8 +78,8 @@ def train(spec: dict, data: Path, partitions: list[Path], seeds: list[int], inde
           checkpoint_dir: Path, device: str, threads: int, log: Callable[[str], None],
           engine: dict | None = None) -> None:
     """Every seed of one method x setting; ``index`` (seeds.json) is written last and lists the folders."""
-    from fedrepro.io import atomic_write_json
     from fedrepro.federations import job_of
+    from fedrepro.io import atomic_write_json
 
     train_job = job_of(spec.get("federation", "sync"))  # FedL2G's per-client models, Feddle's delays, ...
     index = Path(index)

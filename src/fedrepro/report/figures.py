@@ -32,6 +32,7 @@ AXIS_LABELS = {
     "jac_norm": "global Jacobian norm ||mean_k J_k||",
     "jac_var": "cross-client Jacobian variance σ²",
     "guide_norm": "guide norm γ",
+    "train_ce": "clients' cross-entropy loss (train)",
 }
 BANDS = {
     "sd": ("sd", "band: ±1 sd over seeds"),

@@ -86,14 +86,26 @@ class _Cell:
         return f"diverged ({word} {', '.join(map(str, rounds))})"
 
 
+def decimals(x: float) -> int:
+    """Two decimals, or more for a small non-zero magnitude so it keeps three significant digits (FedL2G's
+    measured MB and seconds per round at laptop scale are ~0.001; accuracies keep the papers' two)."""
+    if x == 0 or math.isnan(x) or abs(x) >= 0.1:
+        return 2
+    return min(6, 2 - math.floor(math.log10(abs(x))))
+
+
+def _num(x: float, sign: str = "") -> str:
+    return f"{x:{sign}.{decimals(x)}f}"
+
+
 def _pm(mean: float, std: float | None, sep: str) -> str:
     if std is None or math.isnan(std):
-        return f"{mean:.2f}"
-    return f"{mean:.2f}{sep}{std:.2f}"
+        return _num(mean)
+    return f"{_num(mean)}{sep}{std:.{decimals(mean)}f}"
 
 
 def _signed(x: float) -> str:
-    return f"{x:+.2f}"
+    return _num(x, "+")
 
 
 def cell_method(row: dict, column: dict) -> str:
@@ -153,9 +165,9 @@ def _build_cells(spec: dict, summary: pd.DataFrame, published: pd.DataFrame | No
         col = [line[j] for line in grid if line[j].values]
         if len(col) >= 2:
             pick = min if lower_is_better(metric_key(spec, column)) else max
-            best = pick(round(c.mean, 2) for c in col)
+            best = pick(round(c.mean, decimals(c.mean)) for c in col)
             for c in col:
-                c.bold = round(c.mean, 2) == best
+                c.bold = round(c.mean, decimals(c.mean)) == best
     return grid
 
 
