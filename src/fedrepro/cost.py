@@ -58,10 +58,7 @@ def step_flops(model_name: str, shape: tuple[int, ...], classes: int, batch: int
 
 
 def _flops(model: torch.nn.Module, shape: tuple[int, ...], batch: int, text: bool) -> float:
-    if text:
-        x = torch.zeros(batch, shape[0], dtype=torch.long)
-    else:
-        x = torch.zeros(batch, shape[2], shape[0], shape[1])
+    x = torch.zeros(batch, shape[0], dtype=torch.long) if text else torch.zeros(batch, shape[2], shape[0], shape[1])
     counter = FlopCounterMode(display=False)
     with counter:
         F.cross_entropy(model(x), torch.zeros(batch, dtype=torch.long)).backward()
