@@ -241,6 +241,10 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
                     fail(f"figures.{f}", f"setting {s!r} has no `target` to fine-tune on")
         elif fig["kind"] == "per_class":
             needed = {(fig["setting"], m) for m in fig["methods"]}
+        elif fig["kind"] == "tsne":
+            needed = {(fig["setting"], fig["method"])}
+            if fig["seed"] not in study["seeds"]:
+                fail(f"figures.{f}.seed", f"seed {fig['seed']} is not one of the study's seeds {study['seeds']}")
         elif fig["kind"] == "gain_grid":
             needed = {(fig["setting"], v["method"]) for v in study["sweeps"][fig["sweep"]]}
             needed.add((fig["setting"], fig["baseline"]))

@@ -160,6 +160,23 @@ def figure(spec: dict, inputs: list[Path], out_stem: Path, log: Callable[[str], 
     kind = spec["kind"]
     if kind == "finetune_curve":  # target accuracy per fine-tuning epoch (finetune_curves.csv)
         figures.render_curves({**spec, "x": "epoch"}, pd.read_csv(inputs[0]), Path(out_stem))
+    elif kind == "tsne":  # one seed's anchors and client representations, beside its summary.json
+        import numpy as np
+
+        from fedrepro.hetero.job import EMBEDDINGS
+        from fedrepro.report.figures_fedl2g import render_tsne
+
+        index = Path(inputs[0])
+        runs = {r["seed"]: r["dir"] for r in json.loads(index.read_text())["runs"]}
+        if spec["seed"] not in runs:
+            raise ValueError(f"figure {spec['name']}: seed {spec['seed']} is not among the runs of {index} "
+                             f"(seeds {sorted(runs)})")
+        path = index.parent / runs[spec["seed"]] / EMBEDDINGS
+        if not path.exists():
+            raise ValueError(f"figure {spec['name']}: {path} is missing: method {spec['method']!r} holds no "
+                             "server vectors to embed (FedL2G's guiding vectors)")
+        with np.load(path) as f:
+            render_tsne(spec, {k: f[k] for k in f.files}, Path(out_stem))
     elif kind in ("partition", "class_histogram"):
         stats = {s["setting"]: json.loads(Path(p).read_text()) for s, p in zip(spec["settings"], inputs, strict=True)}
         render = {"partition": figures_feddisco.render_partition,

@@ -81,6 +81,9 @@ def figure_spec(study, name):
         spec["settings"] = [{"setting": k, "label": label_of(s, "settings", k)} for k in f["settings"]]
     if "methods" in f:
         spec["methods"] = [{"method": k, "label": label_of(s, "methods", k)} for k in f["methods"]]
+    if f["kind"] == "tsne":
+        spec["setting_label"] = label_of(s, "settings", f["setting"])
+        spec["method_label"] = label_of(s, "methods", f["method"])
     if "series" in f:
         spec["series"] = [{"label": label_of(s, "methods", x["method"]), **x} for x in f["series"]]
     if f["kind"] == "gain_grid":
@@ -113,6 +116,8 @@ def figure_inputs(wildcards):
         return [f"{RES}/{wildcards.study}/finetune_curves.csv"]
     if f["kind"] in ("partition", "class_histogram"):
         return [f"{RES}/{wildcards.study}/partitions/{s}/seed{f['seed']}.json" for s in f["settings"]]
+    if f["kind"] == "tsne":  # the train job's index; the seed's embeddings.npz lies beside its summary
+        return [f"{RES}/{wildcards.study}/runs/{f['setting']}/{f['method']}/seeds.json"]
     return [f"{RES}/{wildcards.study}/summary.csv"]
 
 
