@@ -52,13 +52,13 @@ def test_bad_config_fails_before_any_job_with_the_key_named(tmp_path):
 
 
 @pytest.mark.slow
-def test_tiny_pipeline_runs_end_to_end(tmp_path):
-    config = tmp_path / "tiny.yaml"
-    config.write_text("studies:\n  feddisco: tests/data/tiny_study.yaml\n")
-    proc = snakemake("--cores", "2", "--directory", str(tmp_path), "--configfile", str(config), timeout=600)
+def test_tiny_pipeline_runs_end_to_end(tiny_pipeline):
+    tmp_path, config, proc = tiny_pipeline
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = tmp_path / "results" / "feddisco"
-    for path in ["tables/t1.md", "tables/t1.tex", "tables/t1.csv", "figures/curves.png", "figures/curves.pdf",
+    assert (tmp_path / "results" / "scorecard.md").read_text().count("| t1 |") == 2  # its line and its claim
+    for path in ["tables/t1.md", "tables/t1.tex", "tables/t1.html", "tables/t1.csv", "figures/curves.png",
+                 "figures/curves.pdf",
                  "runs.csv", "summary.csv", "partitions/iid4/seed1.npz", "partitions/iid4/seed1.json"]:
         assert (out / path).stat().st_size > 0, path
     summary = pd.read_csv(out / "summary.csv")
