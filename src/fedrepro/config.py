@@ -255,6 +255,10 @@ def column_refs(column: dict) -> set[str]:
 def claim_problems(claim: dict, table: dict) -> list[str]:
     """What is wrong with one ranking claim of a table: rows it names that the table lacks, columns that
     match none of the table's (or, for a column pair, not exactly one)."""
+    forms = (("best",), ("better", "than"), ("better_column", "than_column"))
+    given = sorted(k for form in forms for k in form if k in claim)
+    if tuple(given) not in {tuple(sorted(f)) for f in forms}:
+        return [f"a claim is one of {' | '.join('{' + ', '.join(f) + '}' for f in forms)}; this one has {given}"]
     rows = [r["method"] for r in table["rows"]]
     refs = [column_refs(c) for c in table["columns"]]
     known_cols = sorted(set().union(*refs))
