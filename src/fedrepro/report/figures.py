@@ -15,6 +15,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from fedrepro.io import atomic_write
 from fedrepro.report.style import FIGURE_RC, method_dashes, method_palette
@@ -125,6 +126,8 @@ def render_curves(spec: dict, runs: pd.DataFrame, out_stem: Path) -> None:
             ax.set_title(setting["label"])
             ax.set_xlabel(AXIS_LABELS.get(x, x))
             ax.set_ylabel(AXIS_LABELS.get(y, y))
+            if x in ("round", "epoch"):  # counted things: no ticks at round 1.5
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             if panel[y].notna().sum() == 0:
                 ax.text(0.5, 0.5, "no runs", transform=ax.transAxes, ha="center", va="center", color="0.4")
                 continue
