@@ -133,7 +133,10 @@ def test_embedded_scorecard_compares_rankings_only_paper_scale_shows_distances(t
     assert '<td class="holds">holds (2/2)</td>' in html and "not comparable" in html
     paper = render_markdown(scores, "paper")
     assert "not comparable" not in paper and "| mean abs diff | max abs diff | within 2 published sd |" in paper
-    assert "| 1 of 1 |" in paper  # one cell with a published sd, within 2 sd (|70 - 71| <= 2)
+    # one cell with a published sd, within 2 sd (|70 - 71| <= 2); the other five have none
+    assert "| 1 of 1 (5 cells without a published sd) |" in paper
+    no_sd = [score_table("s", spec, pd.read_csv(csv).assign(paper_std=NAN))]
+    assert "| paper prints no sd |" in render_markdown(no_sd, "paper")
 
 
 # ------------------------------------------------------------------ claims in the study files

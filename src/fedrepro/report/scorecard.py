@@ -223,6 +223,15 @@ def _num(x: float, fmt: str = ".2f") -> str:
     return "—" if math.isnan(x) else format(x, fmt)
 
 
+def _two_sd(s: TableScore) -> str:
+    if not s.compared:
+        return "—"
+    if not s.with_std:
+        return "paper prints no sd"
+    without = s.compared - s.with_std
+    return f"{s.within_2sd} of {s.with_std}" + (f" ({without} cells without a published sd)" if without else "")
+
+
 def _table_rows(scores: list[TableScore], scale: str) -> tuple[list[str], list[list[str]]]:
     head = ["table", "mirrors", "cells show", "regenerated", "with a published number"]
     if scale == "paper":
@@ -233,8 +242,7 @@ def _table_rows(scores: list[TableScore], scale: str) -> tuple[list[str], list[l
         line = [s.table, s.paper_table or "no published table", s.summary, f"{s.regenerated} of {s.cells}",
                 str(s.published)]
         if scale == "paper":
-            line += [_num(s.mean_abs_diff), _num(s.max_abs_diff),
-                     f"{s.within_2sd} of {s.with_std}" if s.with_std else "paper prints no sd"]
+            line += [_num(s.mean_abs_diff), _num(s.max_abs_diff), _two_sd(s)]
         line.append(_num(s.rank_tau, "+.2f"))
         rows.append(line)
     return head, rows
