@@ -28,6 +28,11 @@ LISTED = """return [...document.querySelectorAll('nav table tbody tr')].map(
 # Open (eye) or describe (information) the i-th listed result.
 CLICK_ROW = """const tr = document.querySelectorAll('nav table tbody tr')[arguments[0]];
 tr.querySelector(`a[iconname="${arguments[1]}"]`).click(); return true;"""
+# The result the app shows now, once the content pane displays exactly that result's file (image or page).
+OPENED = """const path = app.state.resultPath;
+if (!path || !results[path]) return null;
+const shown = [...document.querySelectorAll('img, iframe')].some(e => e.src === results[path].data_uri);
+return shown ? path : null;"""
 # Wait until every image on the page has loaded, then report those that failed (naturalWidth 0).
 BROKEN_IMAGES = """const done = arguments[arguments.length - 1];
 const imgs = [...document.images];
@@ -46,6 +51,13 @@ def wait_for(browser: Browser, script: str, *args, timeout: float = 20.0):
         if value or time.monotonic() > deadline:
             return value
         time.sleep(0.1)
+
+
+def show_list(browser: Browser, report, sub: str) -> None:
+    """Open the report and list study feddisco's ``sub`` (tables or figures)."""
+    browser.open(report.as_uri())
+    assert wait_for(browser, CLICK_NAV, "feddisco"), "study feddisco is not listed"
+    assert wait_for(browser, CLICK_NAV, sub), f"feddisco has no {sub}"
 
 
 @pytest.fixture(scope="module")
@@ -67,24 +79,27 @@ def test_report_lists_and_shows_every_table_figure_and_the_scorecard(tiny_report
     study = load_yaml(REPO / "tests" / "data" / "tiny_study.yaml")
     expected = {"tables": set(study["tables"]), "figures": set(study["figures"])}
     listed: dict[str, list[str]] = {}
+    opened: list[str] = []
     with Browser(*BROWSER) as browser:
         browser.open(tiny_report.as_uri())
         assert wait_for(browser, "return document.querySelector('nav') !== null"), "the report did not render"
         browser.screenshot(tmp_path / "home.png")
         for sub in ("tables", "figures"):
-            browser.open(tiny_report.as_uri())
-            assert wait_for(browser, CLICK_NAV, "feddisco"), "study feddisco is not listed"
-            assert wait_for(browser, CLICK_NAV, sub), f"feddisco has no {sub}"
-            rows = wait_for(browser, LISTED)
-            listed[sub] = [label for label, _ in rows]
-            for label, i in rows:
+            show_list(browser, tiny_report, sub)
+            listed[sub] = [label for label, _ in wait_for(browser, LISTED)]
+            for i, label in enumerate(listed[sub]):
+                if i:  # the caption view replaced the list: back to it through the breadcrumbs
+                    assert wait_for(browser, CLICK_NAV, sub), f"no way back to the {sub}"
+                    assert [lab for lab, _ in wait_for(browser, LISTED)] == listed[sub]
                 browser.js(CLICK_ROW, i, "eye")
+                opened.append(wait_for(browser, OPENED))
+                assert opened[-1], f"{label}: clicking it showed nothing"
                 if sub == "figures":
                     result = browser.js_async(BROKEN_IMAGES)
                     assert result["broken"] == [], f"{label}: broken images {result['broken']}"
                     # the figure itself: a PNG the browser decoded, at a readable size
                     assert result["shown"] and min(w for w, _ in result["shown"]) >= 600, (label, result)
-                    browser.screenshot(tmp_path / "figure.png")
+                    browser.screenshot(tmp_path / f"figure{i}.png")
                 else:
                     content = wait_for(browser, "return document.querySelector('iframe') && "
                                                 "document.querySelector('iframe').src.slice(0, 40)")
@@ -102,10 +117,11 @@ def test_report_lists_and_shows_every_table_figure_and_the_scorecard(tiny_report
         assert wait_for(browser, "return document.querySelector('iframe') !== null")
         assert browser.js_async(BROKEN_IMAGES)["broken"] == []
 
+    assert len(set(opened)) == len(opened) == sum(map(len, expected.values())), opened  # each its own file
     for sub, names in expected.items():
         shown = {label.split(":")[0] for label in listed[sub]}
         assert shown == names, f"{sub}: listed {sorted(shown)}, the study declares {sorted(names)}"
-    for shot in ("home.png", "figure.png"):
+    for shot in ("home.png", "figure0.png", "figure1.png"):
         with Image.open(tmp_path / shot) as img:
             assert img.size[0] >= 1000
             # not a blank page: many distinct colours

@@ -121,6 +121,8 @@ def figure_spec(study, name):
         spec["cells"] = [{"method": v["method"], "x": v["values"][xkey], "y": v["values"][ykey]} for v in variants]
         spec.setdefault("x_label", xkey.split(".")[1])
         spec.setdefault("y_label", ykey.split(".")[1])
+        spec["setting_label"] = label_of(s, "settings", f["setting"])
+        spec["baseline_label"] = label_of(s, "methods", f["baseline"])
     return spec
 
 

@@ -160,5 +160,5 @@ def render_curves(spec: dict, runs: pd.DataFrame, out_stem: Path) -> None:
             ncols=min(len(order), 6),
             title=f"method (line: mean over seeds; {band_text}, {n_text})",
         )
-        fig.suptitle(figure_title(spec))
+        fig.suptitle(figure_title(spec), wrap=True)  # long captions wrap, never clip
         save_figure(fig, out_stem)

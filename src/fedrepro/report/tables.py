@@ -313,6 +313,7 @@ def _render_tex(spec: dict, grid, has_paper: list[bool], intro: list[str], notes
 
 _HTML_CSS = """body{font-family:system-ui,sans-serif;margin:1em;color:#222}
 table{border-collapse:collapse}th,td{padding:.25em .6em;border-bottom:1px solid #ddd;text-align:right}
+td{white-space:nowrap}
 th:first-child,td:first-child{text-align:left}th{background:#f3f3f3}.paper{color:#666}p{max-width:60em}"""
 
 
