@@ -304,3 +304,12 @@ def test_the_readme_has_the_showcase_markers() -> None:
     assert text.count(BEGIN) == 1 and text.count(END) == 1
     block = text.split(BEGIN)[1].split(END)[0]
     assert re.search(r"docs/showcase/figure\.png", block) or "make run" in block
+
+
+def test_make_run_builds_the_report_and_make_test_installs_the_browser() -> None:
+    make = (REPO / "Makefile").read_text()
+    run = make.split("\nrun:")[1].split("\n\n")[0]
+    assert "snakemake --cores" in run and run.index("--cores") < run.index("--report results/report.html")
+    test, browser = make.split("\ntest:")[1].split("\n")[0], make.split("\nbrowser:")[1].split("\n\n")[0]
+    assert "browser" in test.split()
+    assert "apt-get install" in browser and "chromium chromium-driver" in browser
