@@ -113,6 +113,16 @@ def resolve_config(config: dict, source: str = "config", root: Path = REPO) -> d
         study["name"] = name
         studies[name] = study
     config["studies"] = studies
+    showcase = config["showcase"]
+    if showcase:
+        if showcase["study"] not in studies:
+            raise ConfigError(f"{source}: showcase.study: unknown study {showcase['study']!r}"
+                              f"{did_you_mean(showcase['study'], studies)}; known: {sorted(studies)}")
+        figures = studies[showcase["study"]]["figures"]
+        if showcase["figure"] not in figures:
+            raise ConfigError(f"{source}: showcase.figure: study {showcase['study']!r} has no figure "
+                              f"{showcase['figure']!r}{did_you_mean(showcase['figure'], figures)}; "
+                              f"known: {sorted(figures)}")
     return config
 
 
@@ -223,6 +233,9 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
                          "does not produce; add it to `grid` or remove it from the table")
                 if from_finetune and "target" not in study["settings"][col["setting"]]:
                     fail(f"tables.{t}", f"setting {col['setting']!r} has no `target` to fine-tune on")
+        for i, claim in enumerate(table["claims"]):
+            for problem in claim_problems(claim, table):
+                fail(f"tables.{t}.claims.{i}", problem)
     for f, fig in study["figures"].items():
         for s in fig.get("settings", []) + [p["setting"] for p in fig.get("points", [])]:
             known(f"figures.{f}", s, study["settings"], "setting")
@@ -254,6 +267,41 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         for s, m in sorted(needed):
             if (s, m) not in runs:
                 fail(f"figures.{f}", f"({m}, {s}) is not a run of the grid")
+
+
+def column_refs(column: dict) -> set[str]:
+    """The names a claim may call a table column by: its `label` (if given) and its `setting`."""
+    return {column["setting"], *([column["label"]] if column.get("label") else [])}
+
+
+def claim_problems(claim: dict, table: dict) -> list[str]:
+    """What is wrong with one ranking claim of a table: rows it names that the table lacks, columns that
+    match none of the table's (or, for a column pair, not exactly one)."""
+    forms = (("best",), ("better", "than"), ("better_column", "than_column"))
+    given = sorted(k for form in forms for k in form if k in claim)
+    if tuple(given) not in {tuple(sorted(f)) for f in forms}:
+        return [f"a claim is one of {' | '.join('{' + ', '.join(f) + '}' for f in forms)}; this one has {given}"]
+    rows = [r["method"] for r in table["rows"]]
+    refs = [column_refs(c) for c in table["columns"]]
+    known_cols = sorted(set().union(*refs))
+    problems = []
+    for key in ("best", "better", "than"):
+        if key in claim and claim[key] not in rows:
+            problems.append(f"{key}: {claim[key]!r} is not a row's method{did_you_mean(claim[key], rows)}; "
+                            f"rows: {rows}")
+    for name in claim.get("rows") or []:
+        if name not in rows:
+            problems.append(f"rows: {name!r} is not a row's method{did_you_mean(name, rows)}; rows: {rows}")
+    if claim.get("rows") is not None and "better_column" not in claim:
+        problems.append("rows: only better_column claims take `rows`")
+    for name in claim.get("columns") or []:
+        if not any(name in r for r in refs):
+            problems.append(f"columns: {name!r} names no column{did_you_mean(name, known_cols)}; "
+                            f"columns: {known_cols}")
+    for key in ("better_column", "than_column"):
+        if key in claim and sum(claim[key] in r for r in refs) != 1:
+            problems.append(f"{key}: {claim[key]!r} must name exactly one column (by label); columns: {known_cols}")
+    return problems
 
 
 def grid_runs(study: dict) -> list[tuple[str, str]]:

@@ -190,6 +190,28 @@ def figure(spec: dict, inputs: list[Path], out_stem: Path, log: Callable[[str], 
     log(f"{spec['name']} ({kind}) -> {out_stem}.{{png,pdf}}")
 
 
+def scorecard(tables: list[dict], cell_csvs: list[Path], scale: str, md_out: Path, html_out: Path,
+              log: Callable[[str], None]) -> None:
+    """Score every table (``tables``: {study, spec}, in the order of ``cell_csvs``) into one scorecard."""
+    from fedrepro.report.scorecard import build_scorecard
+
+    scores = build_scorecard([(t["study"], t["spec"], Path(p)) for t, p in zip(tables, cell_csvs, strict=True)],
+                             scale, Path(md_out), Path(html_out))
+    claims = [c for s in scores for c in s.claims]
+    log(f"{len(scores)} tables, {sum(c.holds is True for c in claims)} of {len(claims)} ranking claims hold "
+        f"-> {md_out}, {html_out}")
+
+
+def showcase(readme: Path, figure_png: Path, scorecard_md: Path, study: str, caption: str, figure_out: Path,
+             excerpt_out: Path, log: Callable[[str], None]) -> None:
+    """Refresh the README's showcase block from this run's figure and scorecard."""
+    from fedrepro.report.showcase import write_showcase
+
+    changed = write_showcase(Path(readme), Path(figure_png), Path(scorecard_md), study, caption,
+                             Path(figure_out), Path(excerpt_out))
+    log(f"{figure_png} -> {figure_out}; {readme} {'updated' if changed else 'unchanged'}")
+
+
 def main_from_snakemake(snakemake, step: Callable[..., None], **kwargs) -> None:
     """Run ``step`` with the rule's log; used by the thin scripts in workflow/scripts."""
     log_path = snakemake.log[0] if len(snakemake.log) else None

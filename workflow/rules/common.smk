@@ -20,6 +20,7 @@ from fedrepro.config import (  # noqa: E402
     transfer_runs,
 )
 from fedrepro.data.registry import get_spec, raw_files  # noqa: E402
+from fedrepro.report.captions import figure_caption, table_caption  # noqa: E402
 
 try:
     CFG = resolve_config(config, source="config", root=Path(workflow.basedir))
@@ -51,11 +52,42 @@ def partition_files(wildcards):
 
 
 def artifacts():
+    """Every table and figure of every study, the scorecard, and the README showcase if configured."""
     out = []
     for study, spec in STUDIES.items():
-        out += expand(f"{RES}/{study}/tables/{{t}}.{{ext}}", t=spec["tables"], ext=["md", "tex", "csv"])
+        out += expand(f"{RES}/{study}/tables/{{t}}.{{ext}}", t=spec["tables"], ext=["md", "tex", "html", "csv"])
         out += expand(f"{RES}/{study}/figures/{{f}}.{{ext}}", f=spec["figures"], ext=["png", "pdf"])
+    if any(spec["tables"] for spec in STUDIES.values()):
+        out += [f"{RES}/scorecard.md", f"{RES}/scorecard.html"]
+    if CFG["showcase"]:
+        out += ["docs/showcase/figure.png", "docs/showcase/scorecard.md"]
     return out
+
+
+def table_title(study, name):
+    return STUDIES[study]["tables"][name]["caption"] or name
+
+
+def figure_title(study, name):
+    return STUDIES[study]["figures"][name]["caption"] or name
+
+
+def scorecard_tables():
+    """Every table of every study, {study, spec}, in the order of scorecard_cells()."""
+    return [{"study": s, "spec": table_spec(s, t)} for s, spec in STUDIES.items() for t in spec["tables"]]
+
+
+def scorecard_cells():
+    return [f"{RES}/{s}/tables/{t}.csv" for s, spec in STUDIES.items() for t in spec["tables"]]
+
+
+def showcase_figure(wildcards):
+    return f"{RES}/{CFG['showcase']['study']}/figures/{CFG['showcase']['figure']}.png"
+
+
+def showcase_caption():
+    study, figure = CFG["showcase"]["study"], CFG["showcase"]["figure"]
+    return f"{figure_title(study, figure)} ({study}, {CFG['scale']} scale)"
 
 
 def table_spec(study, name):
@@ -92,6 +124,8 @@ def figure_spec(study, name):
         spec["cells"] = [{"method": v["method"], "x": v["values"][xkey], "y": v["values"][ykey]} for v in variants]
         spec.setdefault("x_label", xkey.split(".")[1])
         spec.setdefault("y_label", ykey.split(".")[1])
+        spec["setting_label"] = label_of(s, "settings", f["setting"])
+        spec["baseline_label"] = label_of(s, "methods", f["baseline"])
     return spec
 
 

@@ -17,7 +17,6 @@ from fedrepro.partition import load_partition
 from fedrepro.seeding import INIT, derive_seed
 from fedrepro.train import fingerprint, job_data, write_run
 
-
 EMBEDDINGS = "embeddings.npz"  # a seed's anchors and the clients' test representations, beside summary.json
 
 
