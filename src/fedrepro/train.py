@@ -9,6 +9,7 @@ import platform
 import signal
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -104,6 +105,46 @@ def job_data(spec: dict, data_path: Path, device: str, threads: int) -> tuple[to
     return dev, prepared, to_device_data(prepared, dev, spec.get("image_size"), spec.get("channels"))
 
 
+class SeedRun(Protocol):
+    """What a federation's engine builds for one seed (FederatedRun, HeteroRun, AsyncRun)."""
+
+    def run(self, checkpoint: Path | None, fingerprint: str) -> RunResult: ...
+
+
+def run_seeds(
+    spec: dict,
+    data_path: Path,
+    partitions: dict[int, Path],
+    out_dirs: dict[int, Path],
+    checkpoint_dir: Path | None,
+    device: str,
+    threads: int,
+    log: Callable[[str], None],
+    build: Callable[[int, list[np.ndarray], DeviceData, Callable[[str], None]], SeedRun],
+    finish: Callable[[SeedRun, Path], None] | None = None,
+) -> dict[int, RunResult]:
+    """Every seed of one train job, whatever the engine: ``build(seed, parts, data, log)`` makes the seed's run
+    (torch's RNG seeded first, so models initialise alike); it resumes from its checkpoint if one matches;
+    ``finish(run, out_dir)`` writes what an engine adds; summary.json comes last and marks the seed done."""
+    dev, prepared, data = job_data(spec, data_path, device, threads)
+    results = {}
+    for seed, part_path in partitions.items():
+        parts = load_partition(part_path)
+        tag = f"{spec['study']}/{spec['setting']}/{spec['method']} seed {seed}"
+        log(f"{tag}: {len(parts)} clients, model {spec['model']}, device {dev}")
+        torch.manual_seed(derive_seed(seed, INIT))
+        run = build(seed, parts, data, lambda msg, tag=tag: log(f"{tag}: {msg}"))
+        ckpt = checkpoint_dir / f"seed{seed}.pt" if checkpoint_dir else None
+        result = run.run(ckpt, fingerprint(spec, seed, prepared.meta["sha256"], parts))
+        out = Path(out_dirs[seed])
+        out.mkdir(parents=True, exist_ok=True)
+        if finish:
+            finish(run, out)
+        write_run(out, spec, seed, result, dev)
+        results[seed] = result
+    return results
+
+
 def train_job(
     spec: dict,
     data_path: Path,
@@ -115,30 +156,22 @@ def train_job(
     log: Callable[[str], None] = print,
     engine: dict | None = None,
 ) -> dict[int, RunResult]:
-    """Train ``spec`` for every seed; each seed resumes from its checkpoint if one matches."""
-    dev, prepared, data = job_data(spec, data_path, device, threads)
+    """Train ``spec`` (federation sync) for every seed; each seed resumes from its checkpoint if one matches."""
     training = TrainingConfig(**spec["training"])
-    results = {}
-    for seed, part_path in partitions.items():
-        parts = load_partition(part_path)
-        tag = f"{spec['study']}/{spec['setting']}/{spec['method']} seed {seed}"
-        log(f"{tag}: {len(parts)} clients, device {dev}")
-        torch.manual_seed(derive_seed(seed, INIT))
-        model = build_model(spec["model"], data.shape, data.num_classes, **data.model_kwargs).to(dev)
-        run = FederatedRun(
-            model=model,
+
+    def build(seed: int, parts: list[np.ndarray], data: DeviceData, log: Callable[[str], None]) -> FederatedRun:
+        model = build_model(spec["model"], data.shape, data.num_classes, **data.model_kwargs)
+        return FederatedRun(
+            model=model.to(data.x_train.device),
             algorithm=build_algorithm(spec["algorithm"], **spec["hparams"]),
             data=data,
             client_indices=parts,
             training=training,
             weighting=spec["weighting"],
             seed=seed,
-            log=lambda msg, tag=tag: log(f"{tag}: {msg}"),
+            log=log,
             engine=(engine or {}).get("mode", "auto"),
             side_by_side=(engine or {}).get("side_by_side", 32),
         )
-        ckpt = checkpoint_dir / f"seed{seed}.pt" if checkpoint_dir else None
-        result = run.run(ckpt, fingerprint(spec, seed, prepared.meta["sha256"], parts))
-        write_run(Path(out_dirs[seed]), spec, seed, result, dev)
-        results[seed] = result
-    return results
+
+    return run_seeds(spec, data_path, partitions, out_dirs, checkpoint_dir, device, threads, log, build)
