@@ -150,3 +150,30 @@ def test_out_of_domain_methods_need_an_out_of_domain_set(data8):
     with pytest.raises(ValueError, match="ood_dataset"):
         make_run(data8, "feddle", {"server_data": "out_of_domain"})
 
+
+
+def test_server_cost_counts_server_flops_and_the_state_the_server_keeps(data8):
+    def last_row(method, hparams=None):
+        run = make_run(data8, method, hparams, rounds=4, sigma=1.0)
+        run.asyn = dataclasses.replace(run.asyn, measure_cost=True)
+        return run, run.run().history[-1]
+
+    model_mb = None
+    rows = {}
+    for method, hparams in [("fedavg", None), ("fedbuff", {"buffer_size": 100}), ("ca2fl", {"buffer_size": 100}),
+                            ("fedft", None), ("feddle", None)]:
+        run, rows[method] = last_row(method, hparams)
+        model_mb = run.flat.numel * 4 / 1e6
+        if method == "ca2fl":
+            cached = len(run.method.state["cache"])
+            assert cached > 0
+            # the global model, every cached client update, the cache sum, the calibration sum and h^t
+            assert rows[method]["cache_mb"] == pytest.approx((cached + 4) * model_mb)
+        if method == "feddle":
+            assert rows[method]["cache_mb"] == pytest.approx((1 + len(run.method.state["anchors"])) * model_mb)
+    assert rows["fedavg"]["cache_mb"] == pytest.approx(model_mb)
+    assert rows["fedbuff"]["cache_mb"] == pytest.approx(2 * model_mb)  # the model and its buffer
+    # averaging is element-wise arithmetic (not counted); training on the server data is
+    assert rows["fedavg"]["server_gflops"] == 0.0 and rows["fedbuff"]["server_gflops"] == 0.0
+    assert rows["fedft"]["server_gflops"] > 0 and rows["feddle"]["server_gflops"] > 0
+    assert "server_gflops" not in make_run(data8, "fedavg", rounds=1).run().history[-1]

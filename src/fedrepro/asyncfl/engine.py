@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from fedrepro import seeding
 from fedrepro.algorithms.base import Algorithm
@@ -61,6 +62,7 @@ class AsyncConfig:
     server_samples: int = 1000  # in-domain server set carved from the test set
     ood_dataset: str | None = None  # the out-of-domain server data set (its train split)
     ood_samples: int | None = None  # a seeded subset of it (None: all)
+    measure_cost: bool = False  # log the server's FLOPs and cache size (Table 6)
 
 
 def draw_delay(seed: int, rnd: int, cid: int, sigma: float) -> int:
@@ -148,6 +150,24 @@ class AsyncRun:
                         staleness=rnd - dispatch_round, num_samples=len(self.clients.clients[cid]))
         return update, loss_sum, seen
 
+    # ----- server cost (Table 6)
+    def server_call(self, hook: Callable[..., Tensor | None], *args: object) -> Tensor | None:
+        """Run a server hook; with ``measure_cost``, count its FLOPs (torch.utils.flop_counter: matrix
+        products and convolutions, forward and backward; element-wise vector arithmetic such as FedAvg's
+        weighted sum is not counted by it)."""
+        if not self.asyn.measure_cost:
+            return hook(*args)
+        counter = FlopCounterMode(display=False)
+        with counter:
+            out = hook(*args)
+        self.server_flops += counter.get_total_flops()
+        return out
+
+    def cache_mb(self, w: Tensor) -> float:
+        """What the server holds between rounds, in MB (10^6 bytes): the global model and every tensor of the
+        method's state (FedBuff's buffer, CA2FL's per-client cache, Feddle's atlas)."""
+        return (w.numel() * w.element_size() + _tensor_bytes(self.method.state)) / 1e6
+
     # ----- the loop
     def run(self, checkpoint: Path | None = None, fingerprint: str = "") -> RunResult:
         cfg, method = self.cfg, self.method
@@ -171,6 +191,7 @@ class AsyncRun:
             if result.status == "diverged":
                 return result
         model_bytes = w.numel() * w.element_size()
+        self.server_flops = resumed.get("server_flops", 0) if resumed is not None else 0
 
         for rnd in range(start_round, cfg.rounds + 1):
             t0 = time.perf_counter()
@@ -184,7 +205,7 @@ class AsyncRun:
                     inflight.append(InFlight(rnd + draw_delay(self.seed, rnd, cid, self.asyn.delay_sigma), rnd, cid))
             arriving = sorted((f for f in inflight if f.arrival == rnd), key=lambda f: (f.dispatch_round, f.cid))
             inflight = [f for f in inflight if f.arrival != rnd]
-            method.round_begin(w, rnd)
+            self.server_call(method.round_begin, w, rnd)
             loss_sum = torch.zeros((), device=w.device)
             seen = 0
             for f in arriving:
@@ -194,10 +215,10 @@ class AsyncRun:
                 loss_sum += client_loss
                 seen += client_seen
                 with torch.no_grad():
-                    w = method.receive(w, update)
+                    w = self.server_call(method.receive, w, update)
             still_needed = {f.dispatch_round for f in inflight}
             snapshots = {r: v for r, v in snapshots.items() if r in still_needed}
-            w = method.round_end(w, rnd).detach()
+            w = self.server_call(method.round_end, w, rnd).detach()
             train_loss = loss_sum.item() / seen if seen else float("nan")
             seconds += time.perf_counter() - t0
             diverged = ((seen > 0 and (not math.isfinite(train_loss) or train_loss > DIVERGED_LOSS))
@@ -210,7 +231,9 @@ class AsyncRun:
                     round=rnd, test_acc=acc, test_loss=test_loss, train_loss=train_loss, bytes_up=bytes_up,
                     bytes_down=bytes_down, seconds=round(seconds, 4),
                     **client_accuracy(self.clients.class_counts, result.per_class_acc),
-                    in_flight=len(inflight), arrived=len(arriving), **method.round_metrics()))
+                    in_flight=len(inflight), arrived=len(arriving), **method.round_metrics(),
+                    **({"server_gflops": self.server_flops / 1e9 / rnd, "cache_mb": self.cache_mb(w)}
+                       if self.asyn.measure_cost else {})))
                 self.log(f"round {rnd}/{cfg.rounds} acc {acc:.2f} loss {test_loss:.4f} arrived {len(arriving)} "
                          f"in flight {len(inflight)} {seconds:.1f}s")
             if diverged:
@@ -224,7 +247,7 @@ class AsyncRun:
                     inflight=[dataclasses.astuple(f) for f in inflight],
                     snapshots={r: v.cpu() for r, v in snapshots.items()}, history=result.history,
                     status=result.status, diverged_round=result.diverged_round,
-                    bytes_up=bytes_up, bytes_down=bytes_down, seconds=seconds,
+                    bytes_up=bytes_up, bytes_down=bytes_down, seconds=seconds, server_flops=self.server_flops,
                 ))
             if diverged:
                 break
@@ -235,3 +258,14 @@ class AsyncRun:
         if result.per_class_acc is None:  # resumed from a finished checkpoint
             result.per_class_acc = evaluate(self.model, self.data.x_test, self.data.y_test, self.data.num_classes)[2]
         return result
+
+
+def _tensor_bytes(obj: object) -> int:
+    """Bytes of every tensor in a state tree (tensors in dicts and lists)."""
+    if isinstance(obj, Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0

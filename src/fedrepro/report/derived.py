@@ -12,7 +12,7 @@ from fedrepro.report.collect import KEYS
 
 # per-run columns of summary.csv, and of finetune.csv for the fine-tuning tables (source: finetune)
 SUMMARY_METRICS = ("final_acc", "best_acc", "last_k_acc", "target_acc", "best_target_acc")
-LOWER_IS_BETTER = ("rounds_to_", "client_acc_var")
+LOWER_IS_BETTER = ("rounds_to_", "client_acc_var", "server_gflops", "cache_mb")
 LAST_K_MAX = "last_k_max_acc"
 
 

@@ -8,6 +8,7 @@ coefficients c on its own data and steps w <- w + sum_m c_m a_m (asyncfl/atlas.p
 - ``fallback_init``: c starts at FedBuff's coefficients (the updates that arrived since the last search,
   each with weight fedbuff_lr / their count, in the normalised basis; older anchors 0), else at 0.
 - ``fallback_lambda``: (lambda/2) ||c - c'||^2 pulls c towards those FedBuff coefficients c' (Eq. 11).
+- ``lr_scale``: "anchors" divides the search's lr by sum_m ||a_m||^2 (Theorem 1's step size), "none" keeps it.
 - ``server_data``: in_domain searches c on the server's labelled in-domain data (Eq. 6); out_of_domain first
   fits a fresh linear head for the other labels on the body of w + sum c'_m a_m, then searches c with that
   head fixed (Eq. 9-10) and updates the full model (body and head) with c.
@@ -36,13 +37,16 @@ class Feddle(AsyncMethod):
     def __init__(self, server_data: str = "in_domain", atlas_size: int | None = None, lr: float = 1e-3,
                  epochs: int = 1, batch_size: int = 64, normalize: bool = True, importance: bool = True,
                  fallback_init: bool = True, fallback_lambda: float = 0.0, fedbuff_lr: float = 1.0,
-                 head_epochs: int = 10, head_lr: float = 1e-2) -> None:
+                 head_epochs: int = 10, head_lr: float = 1e-2, lr_scale: str = "none") -> None:
         super().__init__()
         self.server_data = server_data
         self.atlas_size, self.lr, self.epochs, self.batch_size = atlas_size, lr, epochs, batch_size
         self.normalize, self.importance = normalize, importance
         self.fallback_init, self.fallback_lambda, self.fedbuff_lr = fallback_init, fallback_lambda, fedbuff_lr
         self.head_epochs, self.head_lr = head_epochs, head_lr
+        if lr_scale not in ("none", "anchors"):
+            raise ValueError(f"feddle: lr_scale {lr_scale!r} is not one of ['none', 'anchors']")
+        self.lr_scale = lr_scale
 
     def setup(self, run) -> None:
         super().setup(run)
@@ -80,7 +84,9 @@ class Feddle(AsyncMethod):
         prior = self.fedbuff_coefficients(factors)
         c0 = prior if self.fallback_init else torch.zeros_like(prior)
         loss = self.server_ce if self.server_data == "in_domain" else self.ood_loss(w + c0 @ anchors, rnd)
-        c = search_coefficients(self.flat, w, anchors, c0, loss, len(self.run.server_y), self.epochs, self.lr,
+        # Theorem 1's server step size is O(1 / sum_m ||a_m||^2): lr_scale "anchors" divides lr by it
+        lr = self.lr / float((anchors * anchors).sum()) if self.lr_scale == "anchors" else self.lr
+        c = search_coefficients(self.flat, w, anchors, c0, loss, len(self.run.server_y), self.epochs, lr,
                                 self.batch_size, self.server_generator(rnd), self.fallback_lambda, prior)
         s["scores"] = c.abs().tolist()
         s["fresh"] = [False] * len(c)
