@@ -44,10 +44,11 @@ def resolved(study=STUDY):
 
 def test_async_keys_reach_the_run_spec_with_defaults_and_setting_overrides():
     spec = run_spec(resolved(), "n3", "fedbuff")
-    assert spec["async"] == {"delay_sigma": 3, "server_samples": 40, "ood_dataset": "photo_patches", "ood_samples": 60}
+    assert spec["async"] == {"delay_sigma": 3, "server_samples": 40, "ood_dataset": "photo_patches", "ood_samples": 60,
+                             "measure_cost": False}
     bare = {**STUDY, "async": {}}
     assert run_spec(resolved(bare), "n3", "fedbuff")["async"] == {
-        "delay_sigma": 3, "server_samples": 1000, "ood_dataset": None, "ood_samples": None}
+        "delay_sigma": 3, "server_samples": 1000, "ood_dataset": None, "ood_samples": None, "measure_cost": False}
     sync = {**STUDY, "federation": "sync", "async": {},
             "methods": {"fedavg": {"algorithm": "fedavg"}}, "grid": [{"settings": ["n3"], "methods": ["fedavg"]}]}
     assert "async" not in run_spec(resolved(sync), "n3", "fedavg")  # sync digests stay as they were
