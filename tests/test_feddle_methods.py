@@ -168,3 +168,26 @@ def test_server_data_methods_run(name, digits_prepared):
     w0 = run.w_init.clone()
     run.run()
     assert torch.isfinite(run.flat.w).all() and not torch.equal(run.flat.w, w0)
+
+
+def test_gradient_cosine_is_one_in_domain_and_a_cosine_out_of_domain(digits_prepared):
+    from fedrepro.sim.tensors import to_device_data
+
+    data = to_device_data(digits_prepared, torch.device("cpu"), image_size=8)
+    data = dataclasses.replace(data, x_train=data.x_train[:200], y_train=data.y_train[:200],
+                               x_test=data.x_test[:150], y_test=data.y_test[:150])
+    gen = torch.Generator().manual_seed(0)
+    ood = DeviceData(x_train=torch.randn(60, 1, 8, 8, generator=gen), y_train=torch.randint(0, 3, (60,), generator=gen),
+                     x_test=torch.zeros(0, 1, 8, 8), y_test=torch.zeros(0, dtype=torch.long), num_classes=3)
+    rows = {}
+    for kind in ("in_domain", "out_of_domain"):
+        torch.manual_seed(0)
+        model = build_model("cnn3_small", data.shape, 10)
+        parts = [torch.arange(i, 200, 5).numpy() for i in range(5)]
+        run = AsyncRun(model, build_method("feddle", server_data=kind, grad_cosine=True, lr=0.01), data, parts,
+                       TrainingConfig(rounds=2, batch_size=16, lr=0.05, join_ratio=0.4),
+                       AsyncConfig(delay_sigma=0.0, server_samples=50), seed=0, ood=ood, log=lambda m: None)
+        rows[kind] = run.run().history[-1]["coef_grad_cos"]
+    # in-domain, the search's loss is the in-domain cross-entropy itself (on a reshuffled subset of the same set)
+    assert rows["in_domain"] == pytest.approx(1.0, abs=1e-5)
+    assert -1.0 <= rows["out_of_domain"] < 0.999

@@ -120,8 +120,10 @@ class AsyncRun:
         self.clients_per_round = max(1, int(round(training.join_ratio * self.num_clients)))
         self.server_x = self.server_y = None
         self.server_classes = data.num_classes
+        # the in-domain set, whatever the method trains on: diagnostics compare against it (Feddle's Fig. 7)
+        self.id_x, self.id_y = data.x_test[server_pos], data.y_test[server_pos]
         if method.server_data == "in_domain":
-            self.server_x, self.server_y = data.x_test[server_pos], data.y_test[server_pos]
+            self.server_x, self.server_y = self.id_x, self.id_y
         elif method.server_data == "out_of_domain":
             if ood is None:
                 raise ValueError(f"{method.name} trains on out-of-domain server data, but the setting names none: "
