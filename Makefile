@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 CORES ?= 2
 
-.PHONY: run test lint bench cost clean-results
+.PHONY: run test browser lint bench cost clean-results
 
 $(VENV)/.installed: requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -13,11 +13,21 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $@
 
+# every artifact, the scorecard and the README showcase, then the HTML report of all of them
 run: $(VENV)/.installed
 	$(BIN)/snakemake --cores $(CORES)
+	$(BIN)/snakemake --report results/report.html
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed browser
 	$(BIN)/python -m pytest -q
+
+# Headless Chromium for tests/test_report_browser.py: installed with apt-get where missing and we are root
+# (CI); elsewhere that test is skipped with the reason.
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
+	else echo "chromium or chromedriver missing (not root): the report's browser test will be skipped"; fi
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check src tests benchmarks workflow/scripts

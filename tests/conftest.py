@@ -42,3 +42,21 @@ def dirichlet_clients(labels, n_clients: int = 4, beta: float = 0.5, seed: int =
     from fedrepro.partition import dirichlet_partition
 
     return dirichlet_partition(np.asarray(labels), n_clients, beta, np.random.default_rng(seed), min_size=5)
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline(tmp_path_factory):
+    """The tiny study (tests/data/tiny_study.yaml) run end to end by snakemake once per test session, with
+    a README (showcase markers) in the working directory: (working directory, config file, the process)."""
+    import subprocess
+    import sys
+
+    workdir = tmp_path_factory.mktemp("tiny_pipeline")
+    config = workdir / "tiny.yaml"
+    config.write_text("showcase: {study: feddisco, figure: curves}\n"
+                      "studies:\n  feddisco: tests/data/tiny_study.yaml\n")
+    (workdir / "README.md").write_text("# tiny\n\n<!-- showcase:begin -->\nto fill\n<!-- showcase:end -->\n\nend\n")
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "2",
+                           "--directory", str(workdir), "--configfile", str(config)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    return workdir, config, proc

@@ -65,6 +65,16 @@ def test_setting_and_method_overrides_win_over_defaults(config):
         (lambda c: study(c)["grid"].__setitem__(0, {"settings": ["niid1"], "methods": ["fedavg"]}),
          r"tables.table1: cell \(\S+, \S+\) names a run the grid does not produce"),
         (lambda c: study(c)["grid"][0]["methods"].append("scafold"), r"grid.0.methods: unknown method .scafold."),
+        (lambda c: c["studies"]["fedl2g"]["settings"]["dir"].update(model="tiny5"),
+         r"studies.fedl2g.settings.dir.model: unknown model group 'tiny5' \(did you mean 'tiny4'\?\)"),
+        (lambda c: c["studies"]["fedl2g"]["methods"]["fml"].update(algorithm="fedavg"),
+         r"studies.fedl2g.methods.fml.algorithm: unknown algorithm 'fedavg'.*known: \['fed_distill'"),
+        (lambda c: c["studies"]["fedl2g"]["methods"]["fedproto"].update(training={"momentum": 0.9}),
+         r"fedl2g.*settings.dir / methods.fedproto: training.momentum: must be 0.0 in a `federation: hetero` "
+         r"study \(clients train with plain SGD"),
+        (lambda c: c["studies"]["fedl2g"].update(federation="hetro"), r"federation: 'hetro' is not one of"),
+        (lambda c: study(c)["settings"]["niid1"]["partition"].update(pool_test=True),
+         r"settings.niid1.partition.pool_test: only a `federation: hetero` study"),
         (lambda c: c.update(device="gpu"), r"device: 'gpu' is not one of"),
         (lambda c: c.update(studys={}), r"unknown key 'studys' \(did you mean 'studies'\?\)"),
     ],
@@ -117,3 +127,11 @@ def test_swept_values_are_validated_too(config):
     s["grid"].append({"settings": ["niid1"], "methods": ["bad"]})
     with pytest.raises(ConfigError, match=r"methods.bad-lrm1.0.training.lr: -1.0 is less than or equal"):
         resolve_config(config)
+
+
+def test_a_hetero_study_runs_per_client_model_groups_with_its_own_methods(config):
+    s = resolve_config(config)["studies"]
+    assert s["feddisco"]["federation"] == "sync"  # the schema default
+    spec = run_spec(s["fedl2g"], "dir", "fedl2g_f")
+    assert spec["federation"] == "hetero" and spec["model"] == "tiny4" and spec["algorithm"] == "fedl2g_f"
+    assert spec["hparams"]["server_lr"] == 100.0 and spec["training"]["momentum"] == 0.0

@@ -24,3 +24,18 @@ def test_step_flops_count_forward_and_backward_and_scale_with_batch():
     forward_macs = 6 * 3 * 25 * 28 * 28 + 16 * 6 * 25 * 10 * 10 + 400 * 120 + 120 * 84 + 84 * 10
     # backward ~2x forward, less for the first layer (no gradient w.r.t. the input)
     assert 2.0 * 2 * forward_macs < one < 3.0 * 2 * forward_macs
+
+
+def test_a_model_group_costs_the_mean_step_of_its_clients_architectures():
+    """FedL2G: client i trains member i mod X, so 5 clients of tiny4 are 2 MLP steps + 1 of each other."""
+    from fedrepro.cost import _flops
+    from fedrepro.models.groups import build_arch
+
+    each = {m: _flops(build_arch(m, (16, 16, 1), 10), (16, 16, 1), 10, text=False)
+            for m in ("mlp", "lenet", "cnn4", "resnet_mini")}
+    assert step_flops("tiny4", (16, 16, 1), 10, 10, group_of=5) == pytest.approx(
+        (2 * each["mlp"] + each["lenet"] + each["cnn4"] + each["resnet_mini"]) / 5)
+    # pooled train + test, and each client training on 75% of its samples
+    hetero = {**spec(), "federation": "hetero",
+              "partition": {"kind": "dirichlet", "clients": 10, "beta": 0.1, "pool_test": True}}
+    assert run_steps(hetero) == 10 * 5 * 2 * 71  # 60000 * 0.75 / 10 = 4500 samples -> 71 steps of 64

@@ -127,6 +127,18 @@ def test_pathological_equal_split_within_class(labels: np.ndarray) -> None:
         assert nz.max() - nz.min() <= 1
 
 
+def test_pathological_unbalanced_keeps_classes_and_varies_quantities(labels: np.ndarray) -> None:
+    """FedL2G's `pat` split with unbalanced quantities: the same classes per client as the balanced split,
+    every sample placed once, but a class's holders get shares that differ (up to 10x), none empty."""
+    balanced = pathological_partition(labels, 20, 2, np.random.default_rng(3))
+    parts = pathological_partition(labels, 20, 2, np.random.default_rng(3), balance=False)
+    assert [set(np.unique(labels[p])) for p in parts] == [set(np.unique(labels[p])) for p in balanced]
+    assert_exact_cover(parts, len(labels))
+    counts = np.array(partition_stats(parts, labels, C)["class_counts"])
+    spreads = [counts[:, c][counts[:, c] > 0].max() / counts[:, c][counts[:, c] > 0].min() for c in range(C)]
+    assert min(counts[counts > 0]) >= 1 and max(spreads) > 2 and max(spreads) < 10 * 1.5
+
+
 def test_pathological_errors(labels: np.ndarray) -> None:
     with pytest.raises(ValueError, match="n_clients \\* classes_per_client"):
         pathological_partition(labels, 3, 3, np.random.default_rng(0))

@@ -236,6 +236,19 @@ def test_render_table_bold_best_and_latex(grid_runs: list[Path], tmp_path: Path)
     assert r"68.47 $\pm$ 0.20" in tex
 
 
+def test_render_table_html_for_the_report(grid_runs: list[Path], tmp_path: Path) -> None:
+    _, summary = collect_runs(grid_runs)
+    prox = {"method": "fedprox", "label": "<Prox & co>", "paper": "FedProx"}
+    spec = table_spec(rows=[*table_spec()["rows"][:1], prox])
+    render_table(spec, summary, load_published(FEDDISCO_CSV), tmp_path / "t", scale="embedded")
+    page = (tmp_path / "t.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and page.count("<tr>") == 3  # header + two methods
+    assert "<td><b>74.00 ± 2.00</b></td>" in page and "<td>70.00 ± 1.00</td>" in page
+    assert '<td class="paper">68.47 ± 0.20</td><td class="paper">+1.53</td>' in page
+    assert "&lt;Prox &amp; co&gt;" in page and "<Prox" not in page  # labels escaped
+    assert "not comparable" in page and "best test accuracy over rounds" in page
+
+
 def test_render_table_diverged_cells(tmp_path: Path) -> None:
     runs = tmp_path / "r"
     dirs = [make_run(runs, "c10_niid1", "fedavg", s, [50.0, 60.0, 58.0], "diverged", 4) for s in range(3)]

@@ -352,3 +352,37 @@ def test_collect_carries_per_class_acc(tmp_path: Path) -> None:
     (bad / "summary.json").write_text(json.dumps(summary | {"method": "fedprox", "per_class_acc": "80"}))
     with pytest.raises(ValueError, match=r"summary\.json.*per_class_acc"):
         collect_runs([bad])
+
+
+def test_curves_tick_whole_rounds_only(tmp_path: Path, monkeypatch) -> None:
+    import fedrepro.report.figures as figures
+
+    runs = pd.DataFrame([{"setting": "s", "method": m, "seed": seed, "round": r, "test_acc": 10.0 * r + seed}
+                         for m in ("fedavg", "fedprox") for seed in (0, 1) for r in (1, 2)])
+    drawn = []
+    monkeypatch.setattr(figures, "save_figure", lambda fig, stem: drawn.append(fig))
+    figures.render_curves({"name": "c", "settings": [{"setting": "s", "label": "S"}],
+                           "methods": [{"method": "fedavg", "label": "FedAvg"},
+                                       {"method": "fedprox", "label": "FedProx"}]}, runs, tmp_path / "c")
+    ticks = [t for t in drawn[0].axes[0].get_xticks() if 1 <= t <= 2]
+    assert ticks and all(float(t).is_integer() for t in ticks)
+
+
+@pytest.mark.parametrize("config", ["config/config.yaml", "config/paper.yaml"])
+def test_every_figure_of_every_study_gives_its_methods_distinct_colours(config: str) -> None:
+    from conftest import REPO
+
+    from fedrepro.config import label_of, load_yaml, resolve_config
+    from fedrepro.report.style import method_color
+
+    studies = resolve_config(load_yaml(REPO / config))["studies"]
+    checked = 0
+    for name, study in studies.items():
+        for fig_name, fig in study["figures"].items():
+            methods = fig.get("methods") or [s["method"] for s in fig.get("series", [])]
+            colours = [method_color(label_of(study, "methods", m)) for m in methods]
+            assert len(set(colours)) == len(colours), (name, fig_name, dict(zip(methods, colours, strict=True)))
+            checked += len(methods) > 1
+    assert checked
+    # a method keeps its colour across studies
+    assert method_color("FedAvg") == method_color("fedavg") == method_color("Fed-Avg")

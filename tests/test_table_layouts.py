@@ -87,3 +87,13 @@ def test_lower_is_better_columns_bold_the_minimum(tmp_path):
     render_table(spec, add_derived(spec, data, runs), None, tmp_path / "t", "embedded")
     md = (tmp_path / "t.md").read_text()
     assert "| fast | **1.00" in md and "| slow | 2.00" in md
+
+
+def test_small_measured_costs_keep_three_significant_digits():
+    """FedL2G's Table 3 at laptop scale: MB and seconds per round of ~0.001 must not print as 0.00, while
+    accuracies keep the papers' two decimals."""
+    from fedrepro.report.tables import _pm, _signed
+
+    assert _pm(0.001234, 0.0002, " ± ") == "0.00123 ± 0.00020"
+    assert _pm(85.456, 0.3, " ± ") == "85.46 ± 0.30" and _pm(0.0, None, " ± ") == "0.00"
+    assert _signed(-0.0004567) == "-0.000457" and _signed(3.14159) == "+3.14"

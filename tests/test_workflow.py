@@ -41,6 +41,7 @@ def test_dry_run_of_the_embedded_default_lists_every_job(tmp_path):
         runs = {(s, m) for block in study["grid"] for s in block["settings"] for m in block["methods"]}
         assert counts["train"] >= len(runs)
     assert counts["prepare_dataset"] >= 1 and counts["aggregate"] == len(config["studies"])
+    assert counts["scorecard"] == 1 and counts["showcase"] == 1
 
 
 def test_bad_config_fails_before_any_job_with_the_key_named(tmp_path):
@@ -52,13 +53,17 @@ def test_bad_config_fails_before_any_job_with_the_key_named(tmp_path):
 
 
 @pytest.mark.slow
-def test_tiny_pipeline_runs_end_to_end(tmp_path):
-    config = tmp_path / "tiny.yaml"
-    config.write_text("studies:\n  feddisco: tests/data/tiny_study.yaml\n")
-    proc = snakemake("--cores", "2", "--directory", str(tmp_path), "--configfile", str(config), timeout=600)
+def test_tiny_pipeline_runs_end_to_end(tiny_pipeline):
+    tmp_path, config, proc = tiny_pipeline
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = tmp_path / "results" / "feddisco"
-    for path in ["tables/t1.md", "tables/t1.tex", "tables/t1.csv", "figures/curves.png", "figures/curves.pdf",
+    assert (tmp_path / "results" / "scorecard.md").read_text().count("| t1 |") == 2  # its line and its claim
+    readme = (tmp_path / "README.md").read_text()  # the showcase block, filled from this run
+    assert "![curves (feddisco, embedded scale)](docs/showcase/figure.png)" in readme and "to fill" not in readme
+    assert "| t1 | FedProx is best |" in readme and readme.endswith("<!-- showcase:end -->\n\nend\n")
+    assert (tmp_path / "docs/showcase/figure.png").read_bytes() == (out / "figures/curves.png").read_bytes()
+    for path in ["tables/t1.md", "tables/t1.tex", "tables/t1.html", "tables/t1.csv", "figures/curves.png",
+                 "figures/curves.pdf",
                  "runs.csv", "summary.csv", "partitions/iid4/seed1.npz", "partitions/iid4/seed1.json"]:
         assert (out / path).stat().st_size > 0, path
     summary = pd.read_csv(out / "summary.csv")
@@ -112,4 +117,5 @@ def test_paper_scale_dry_run_lists_every_job(tmp_path):
     assert counts["train"] == sum(len(grid_runs(s)) for s in paper["studies"].values())
     assert counts["table"] == sum(len(s["tables"]) for s in paper["studies"].values())
     assert counts["figure"] == sum(len(s["figures"]) for s in paper["studies"].values())
+    assert counts["scorecard"] == 1 and "showcase" not in counts  # the README shows the embedded default
     assert counts["download_dataset"] >= 5

@@ -113,6 +113,16 @@ def resolve_config(config: dict, source: str = "config", root: Path = REPO) -> d
         study["name"] = name
         studies[name] = study
     config["studies"] = studies
+    showcase = config["showcase"]
+    if showcase:
+        if showcase["study"] not in studies:
+            raise ConfigError(f"{source}: showcase.study: unknown study {showcase['study']!r}"
+                              f"{did_you_mean(showcase['study'], studies)}; known: {sorted(studies)}")
+        figures = studies[showcase["study"]]["figures"]
+        if showcase["figure"] not in figures:
+            raise ConfigError(f"{source}: showcase.figure: study {showcase['study']!r} has no figure "
+                              f"{showcase['figure']!r}{did_you_mean(showcase['figure'], figures)}; "
+                              f"known: {sorted(figures)}")
     return config
 
 
@@ -178,6 +188,10 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         ood = run_async(study, s)["ood_dataset"]
         if ood is not None:
             known(f"settings.{s}.async.ood_dataset", ood, DATASETS, "data set")
+        if part.get("pool_test") and kind != "hetero":
+            # the other engines test on the test split: pooling it into the clients' data would leak it
+            fail(f"settings.{s}.partition.pool_test", "only a `federation: hetero` study tests on the clients' "
+                 "own held-out samples; elsewhere pooling the test split into training leaks it")
         if "target" in setting:
             known(f"settings.{s}.target.dataset", setting["target"]["dataset"], DATASETS, "data set")
         elif "finetune" in setting:
@@ -211,13 +225,20 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
             fail(f"tables.{t}", f"metric {wrong[0]!r} does not exist for `source: {table['source']}` (target_* "
                  "metrics come from fine-tuning, `source: finetune`; the others from pre-training)")
         for row in table["rows"]:
+            for s in row.get("not_applicable", []):
+                known(f"tables.{t}.rows.not_applicable", s, study["settings"], "setting")
             for col in table["columns"]:
+                if col["setting"] in row.get("not_applicable", []):
+                    continue
                 method = row["method"] + col.get("method_suffix", "")
                 if (col["setting"], method) not in runs:
                     fail(f"tables.{t}", f"cell ({method}, {col['setting']}) names a run the grid "
                          "does not produce; add it to `grid` or remove it from the table")
                 if from_finetune and "target" not in study["settings"][col["setting"]]:
                     fail(f"tables.{t}", f"setting {col['setting']!r} has no `target` to fine-tune on")
+        for i, claim in enumerate(table["claims"]):
+            for problem in claim_problems(claim, table):
+                fail(f"tables.{t}.claims.{i}", problem)
     for f, fig in study["figures"].items():
         for s in fig.get("settings", []) + [p["setting"] for p in fig.get("points", [])]:
             known(f"figures.{f}", s, study["settings"], "setting")
@@ -236,6 +257,10 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
                     fail(f"figures.{f}", f"setting {s!r} has no `target` to fine-tune on")
         elif fig["kind"] == "per_class":
             needed = {(fig["setting"], m) for m in fig["methods"]}
+        elif fig["kind"] == "tsne":
+            needed = {(fig["setting"], fig["method"])}
+            if fig["seed"] not in study["seeds"]:
+                fail(f"figures.{f}.seed", f"seed {fig['seed']} is not one of the study's seeds {study['seeds']}")
         elif fig["kind"] == "gain_grid":
             needed = {(fig["setting"], v["method"]) for v in study["sweeps"][fig["sweep"]]}
             needed.add((fig["setting"], fig["baseline"]))
@@ -245,6 +270,41 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         for s, m in sorted(needed):
             if (s, m) not in runs:
                 fail(f"figures.{f}", f"({m}, {s}) is not a run of the grid")
+
+
+def column_refs(column: dict) -> set[str]:
+    """The names a claim may call a table column by: its `label` (if given) and its `setting`."""
+    return {column["setting"], *([column["label"]] if column.get("label") else [])}
+
+
+def claim_problems(claim: dict, table: dict) -> list[str]:
+    """What is wrong with one ranking claim of a table: rows it names that the table lacks, columns that
+    match none of the table's (or, for a column pair, not exactly one)."""
+    forms = (("best",), ("better", "than"), ("better_column", "than_column"))
+    given = sorted(k for form in forms for k in form if k in claim)
+    if tuple(given) not in {tuple(sorted(f)) for f in forms}:
+        return [f"a claim is one of {' | '.join('{' + ', '.join(f) + '}' for f in forms)}; this one has {given}"]
+    rows = [r["method"] for r in table["rows"]]
+    refs = [column_refs(c) for c in table["columns"]]
+    known_cols = sorted(set().union(*refs))
+    problems = []
+    for key in ("best", "better", "than"):
+        if key in claim and claim[key] not in rows:
+            problems.append(f"{key}: {claim[key]!r} is not a row's method{did_you_mean(claim[key], rows)}; "
+                            f"rows: {rows}")
+    for name in claim.get("rows") or []:
+        if name not in rows:
+            problems.append(f"rows: {name!r} is not a row's method{did_you_mean(name, rows)}; rows: {rows}")
+    if claim.get("rows") is not None and "better_column" not in claim:
+        problems.append("rows: only better_column claims take `rows`")
+    for name in claim.get("columns") or []:
+        if not any(name in r for r in refs):
+            problems.append(f"columns: {name!r} names no column{did_you_mean(name, known_cols)}; "
+                            f"columns: {known_cols}")
+    for key in ("better_column", "than_column"):
+        if key in claim and sum(claim[key] in r for r in refs) != 1:
+            problems.append(f"{key}: {claim[key]!r} must name exactly one column (by label); columns: {known_cols}")
+    return problems
 
 
 def grid_runs(study: dict) -> list[tuple[str, str]]:

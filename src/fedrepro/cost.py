@@ -33,7 +33,10 @@ DATASETS = {
     "svhn": (73257, (32, 32, 3), 10), "cinic10": (90000, (32, 32, 3), 10),
     "ham10000": (9805, (56, 56, 3), 7), "ag_news": (120000, (64,), 4),
     "mnist_m": (60000, (28, 28, 3), 10),
+    "flowers102": (2040, (32, 32, 3), 102), "tiny_imagenet": (100000, (32, 32, 3), 200),
 }
+# test-split sizes, for partitions that pool train and test (`pool_test`, FedL2G)
+TEST_SIZES = {"digits": 360, "cifar10": 10000, "cifar100": 10000, "flowers102": 6149, "tiny_imagenet": 10000}
 # DomainNet (FedGTST): train sizes of the official splits, images prepared at 64x64 (data/domainnet.py)
 _DOMAINNET_TRAIN = {"clipart": 33525, "infograph": 36023, "painting": 50426, "quickdraw": 120750,
                     "real": 120906, "sketch": 48212}
@@ -42,13 +45,20 @@ DATASETS.update({f"domainnet_no_{d}": (sum(_DOMAINNET_TRAIN.values()) - n, (64, 
                  for d, n in _DOMAINNET_TRAIN.items()})
 
 
-def step_flops(model_name: str, shape: tuple[int, ...], classes: int, batch: int) -> float:
-    """FLOPs of one SGD step (forward + backward) of ``model_name`` on a batch."""
-    model = build_model(model_name, shape, classes)
-    if model_name in TEXT_MODELS:
-        x = torch.zeros(batch, shape[0], dtype=torch.long)
-    else:
-        x = torch.zeros(batch, shape[2], shape[0], shape[1])
+def step_flops(model_name: str, shape: tuple[int, ...], classes: int, batch: int, group_of: int = 0) -> float:
+    """FLOPs of one SGD step (forward + backward) of ``model_name`` on a batch; with ``group_of`` = K clients,
+    ``model_name`` is a model group and the step is the mean over the K clients' architectures (i mod X)."""
+    if group_of:
+        from fedrepro.models.groups import build_arch, group_members
+
+        members = group_members(model_name)
+        flops = {m: _flops(build_arch(m, shape, classes), shape, batch, text=False) for m in set(members)}
+        return sum(flops[members[i % len(members)]] for i in range(group_of)) / group_of
+    return _flops(build_model(model_name, shape, classes), shape, batch, text=model_name in TEXT_MODELS)
+
+
+def _flops(model: torch.nn.Module, shape: tuple[int, ...], batch: int, text: bool) -> float:
+    x = torch.zeros(batch, shape[0], dtype=torch.long) if text else torch.zeros(batch, shape[2], shape[0], shape[1])
     counter = FlopCounterMode(display=False)
     with counter:
         F.cross_entropy(model(x), torch.zeros(batch, dtype=torch.long)).backward()
@@ -73,6 +83,10 @@ def run_steps(spec: dict) -> float:
     """SGD steps of one run of ``spec``."""
     n, _, _ = DATASETS[spec["dataset"]]
     part, t = spec["partition"], spec["training"]
+    if part.get("pool_test"):
+        n += TEST_SIZES[spec["dataset"]]
+    if spec.get("federation") == "hetero":
+        n *= 0.75  # each client trains on its own 75% (fedrepro.hetero.engine.HeteroConfig.train_fraction)
     clients = part["clients"]
     if part["kind"] == "imbalance":  # long tail keeps about sum rho^(-c/(C-1)) of the classes
         c = DATASETS[spec["dataset"]][2]
@@ -99,7 +113,9 @@ def estimate(config: dict, gpu_tflops: float, step_floor_ms: float, cpu_spf: flo
             if len(shape) == 3:  # the setting's resizing and grey -> colour expansion (FedGTST's MNIST)
                 side = spec.get("image_size")
                 shape = (side or shape[0], side or shape[1], spec.get("channels") or shape[2])
-            key = (spec["model"], shape, classes, spec["training"]["batch_size"])
+            hetero = spec.get("federation") == "hetero"
+            key = (spec["model"], shape, classes, spec["training"]["batch_size"],
+                   spec["partition"]["clients"] if hetero else 0)
             if key not in flops_cache:
                 flops_cache[key] = step_flops(*key)
             s = run_steps(spec) * seeds

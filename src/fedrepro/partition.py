@@ -116,13 +116,15 @@ def dirichlet_partition(
 
 
 def pathological_partition(
-    labels: np.ndarray, n_clients: int, classes_per_client: int, rng: np.random.Generator
+    labels: np.ndarray, n_clients: int, classes_per_client: int, rng: np.random.Generator, balance: bool = True
 ) -> list[np.ndarray]:
     """Each client holds exactly ``classes_per_client`` distinct classes; every class is held by someone.
 
     Client i first gets class ``i mod C``; its other classes are drawn from ``rng`` among the classes held by
     the fewest clients so far (which guarantees coverage when ``n_clients * k >= C``). Each class's shuffled
-    indices are split equally among the clients that hold it.
+    indices are split equally among the clients that hold it, or, with ``balance=False`` (unbalanced
+    quantities, as PFLlib's/HtFLlib's ``pat`` split for FedL2G), in proportions drawn uniformly from [0.1, 1)
+    per holder and normalised: shares differ up to 10x, and every holder gets at least one sample.
     """
     labels = _check_inputs(labels, n_clients)
     classes = np.unique(labels)
@@ -151,7 +153,14 @@ def pathological_partition(
     for ci, c in enumerate(classes):
         holders = [i for i, mine in enumerate(owned) if ci in mine]
         idx = rng.permutation(np.flatnonzero(labels == c))
-        for i, chunk in zip(holders, np.array_split(idx, len(holders)), strict=True):
+        if balance or len(idx) < len(holders):
+            chunks = np.array_split(idx, len(holders))
+        else:
+            share = rng.uniform(0.1, 1.0, len(holders))
+            counts = 1 + np.floor((len(idx) - len(holders)) * share / share.sum()).astype(int)
+            counts[-1] += len(idx) - counts.sum()
+            chunks = np.split(idx, np.cumsum(counts)[:-1])
+        for i, chunk in zip(holders, chunks, strict=True):
             parts[i].extend(chunk.tolist())
     return _finish(parts)
 
@@ -365,7 +374,8 @@ PARTITIONERS: dict[str, Callable[[np.ndarray, dict, np.random.Generator], list[n
         balance=spec.get("balance", True),
     ),
     "pathological": lambda labels, spec, rng: pathological_partition(
-        labels, _require(spec, "clients"), _require(spec, "classes_per_client"), rng
+        labels, _require(spec, "clients"), _require(spec, "classes_per_client"), rng,
+        balance=spec.get("balance", True),
     ),
     "niid2": lambda labels, spec, rng: niid2_partition(
         labels, *_niid2_split(spec), rng, classes_per_biased=spec.get("classes_per_biased")

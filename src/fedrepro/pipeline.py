@@ -65,6 +65,8 @@ def partition(data: Path, spec: dict, seeds: list[int], outs: list[Path], log: C
 
     with np.load(data) as f:
         labels, meta = f["y_train"], json.loads(str(f["meta"]))
+        if spec.get("pool_test"):  # PFLlib/HtFLlib's generators: train and test together, clients re-split
+            labels = np.concatenate([labels, f["y_test"]])
     for seed, out in zip(seeds, outs, strict=True):
         parts = make_partition(labels, spec, seed, meta)
         stats = partition_stats(parts, labels, meta["num_classes"])
@@ -76,8 +78,8 @@ def train(spec: dict, data: Path, partitions: list[Path], seeds: list[int], inde
           checkpoint_dir: Path, device: str, threads: int, log: Callable[[str], None],
           engine: dict | None = None) -> None:
     """Every seed of one method x setting; ``index`` (seeds.json) is written last and lists the folders."""
-    from fedrepro.io import atomic_write_json
     from fedrepro.federations import job_of
+    from fedrepro.io import atomic_write_json
 
     train_job = job_of(spec.get("federation", "sync"))  # FedL2G's per-client models, Feddle's delays, ...
     index = Path(index)
@@ -158,6 +160,23 @@ def figure(spec: dict, inputs: list[Path], out_stem: Path, log: Callable[[str], 
     kind = spec["kind"]
     if kind == "finetune_curve":  # target accuracy per fine-tuning epoch (finetune_curves.csv)
         figures.render_curves({**spec, "x": "epoch"}, pd.read_csv(inputs[0]), Path(out_stem))
+    elif kind == "tsne":  # one seed's anchors and client representations, beside its summary.json
+        import numpy as np
+
+        from fedrepro.hetero.job import EMBEDDINGS
+        from fedrepro.report.figures_fedl2g import render_tsne
+
+        index = Path(inputs[0])
+        runs = {r["seed"]: r["dir"] for r in json.loads(index.read_text())["runs"]}
+        if spec["seed"] not in runs:
+            raise ValueError(f"figure {spec['name']}: seed {spec['seed']} is not among the runs of {index} "
+                             f"(seeds {sorted(runs)})")
+        path = index.parent / runs[spec["seed"]] / EMBEDDINGS
+        if not path.exists():
+            raise ValueError(f"figure {spec['name']}: {path} is missing: method {spec['method']!r} holds no "
+                             "server vectors to embed (FedL2G's guiding vectors)")
+        with np.load(path) as f:
+            render_tsne(spec, {k: f[k] for k in f.files}, Path(out_stem))
     elif kind in ("partition", "class_histogram"):
         stats = {s["setting"]: json.loads(Path(p).read_text()) for s, p in zip(spec["settings"], inputs, strict=True)}
         render = {"partition": figures_feddisco.render_partition,
@@ -169,6 +188,28 @@ def figure(spec: dict, inputs: list[Path], out_stem: Path, log: Callable[[str], 
                   "per_class": figures_feddisco.render_per_class}[kind]
         render(spec, pd.read_csv(inputs[0]), Path(out_stem))
     log(f"{spec['name']} ({kind}) -> {out_stem}.{{png,pdf}}")
+
+
+def scorecard(tables: list[dict], cell_csvs: list[Path], scale: str, md_out: Path, html_out: Path,
+              log: Callable[[str], None]) -> None:
+    """Score every table (``tables``: {study, spec}, in the order of ``cell_csvs``) into one scorecard."""
+    from fedrepro.report.scorecard import build_scorecard
+
+    scores = build_scorecard([(t["study"], t["spec"], Path(p)) for t, p in zip(tables, cell_csvs, strict=True)],
+                             scale, Path(md_out), Path(html_out))
+    claims = [c for s in scores for c in s.claims]
+    log(f"{len(scores)} tables, {sum(c.holds is True for c in claims)} of {len(claims)} ranking claims hold "
+        f"-> {md_out}, {html_out}")
+
+
+def showcase(readme: Path, figure_png: Path, scorecard_md: Path, study: str, caption: str, figure_out: Path,
+             excerpt_out: Path, log: Callable[[str], None]) -> None:
+    """Refresh the README's showcase block from this run's figure and scorecard."""
+    from fedrepro.report.showcase import write_showcase
+
+    changed = write_showcase(Path(readme), Path(figure_png), Path(scorecard_md), study, caption,
+                             Path(figure_out), Path(excerpt_out))
+    log(f"{figure_png} -> {figure_out}; {readme} {'updated' if changed else 'unchanged'}")
 
 
 def main_from_snakemake(snakemake, step: Callable[..., None], **kwargs) -> None:

@@ -93,6 +93,10 @@ def job_data(spec: dict, data_path: Path, device: str, threads: int) -> tuple[to
     signal.signal(signal.SIGTERM, request_stop)  # preemption: checkpoint after this round, then exit non-zero
     dev = pick_device(device)
     prepared = load_prepared(data_path)
+    if spec["partition"].get("pool_test"):
+        # the partition indexes train + test together (FedL2G: each client splits its own samples 75/25)
+        prepared = dataclasses.replace(prepared, x_train=np.concatenate([prepared.x_train, prepared.x_test]),
+                                       y_train=np.concatenate([prepared.y_train, prepared.y_test]))
     if spec.get("test_longtail_rho"):
         # FedDisco Table 5: test on a long-tailed set matching the long-tailed training data
         keep = longtail_test_indices(prepared.y_test, spec["test_longtail_rho"], np.random.default_rng(0))

@@ -21,6 +21,7 @@ from fedrepro.config import (  # noqa: E402
     transfer_runs,
 )
 from fedrepro.data.registry import get_spec, raw_files  # noqa: E402
+from fedrepro.report.captions import figure_caption, table_caption  # noqa: E402
 
 try:
     CFG = resolve_config(config, source="config", root=Path(workflow.basedir))
@@ -52,11 +53,42 @@ def partition_files(wildcards):
 
 
 def artifacts():
+    """Every table and figure of every study, the scorecard, and the README showcase if configured."""
     out = []
     for study, spec in STUDIES.items():
-        out += expand(f"{RES}/{study}/tables/{{t}}.{{ext}}", t=spec["tables"], ext=["md", "tex", "csv"])
+        out += expand(f"{RES}/{study}/tables/{{t}}.{{ext}}", t=spec["tables"], ext=["md", "tex", "html", "csv"])
         out += expand(f"{RES}/{study}/figures/{{f}}.{{ext}}", f=spec["figures"], ext=["png", "pdf"])
+    if any(spec["tables"] for spec in STUDIES.values()):
+        out += [f"{RES}/scorecard.md", f"{RES}/scorecard.html"]
+    if CFG["showcase"]:
+        out += ["docs/showcase/figure.png", "docs/showcase/scorecard.md"]
     return out
+
+
+def table_title(study, name):
+    return STUDIES[study]["tables"][name]["caption"] or name
+
+
+def figure_title(study, name):
+    return STUDIES[study]["figures"][name]["caption"] or name
+
+
+def scorecard_tables():
+    """Every table of every study, {study, spec}, in the order of scorecard_cells()."""
+    return [{"study": s, "spec": table_spec(s, t)} for s, spec in STUDIES.items() for t in spec["tables"]]
+
+
+def scorecard_cells():
+    return [f"{RES}/{s}/tables/{t}.csv" for s, spec in STUDIES.items() for t in spec["tables"]]
+
+
+def showcase_figure(wildcards):
+    return f"{RES}/{CFG['showcase']['study']}/figures/{CFG['showcase']['figure']}.png"
+
+
+def showcase_caption():
+    study, figure = CFG["showcase"]["study"], CFG["showcase"]["figure"]
+    return f"{figure_title(study, figure)} ({study}, {CFG['scale']} scale)"
 
 
 def table_spec(study, name):
@@ -82,6 +114,9 @@ def figure_spec(study, name):
         spec["settings"] = [{"setting": k, "label": label_of(s, "settings", k)} for k in f["settings"]]
     if "methods" in f:
         spec["methods"] = [{"method": k, "label": label_of(s, "methods", k)} for k in f["methods"]]
+    if f["kind"] == "tsne":
+        spec["setting_label"] = label_of(s, "settings", f["setting"])
+        spec["method_label"] = label_of(s, "methods", f["method"])
     if "series" in f:
         spec["series"] = [{"label": label_of(s, "methods", x["method"]), **x} for x in f["series"]]
     if f["kind"] == "gain_grid":
@@ -90,6 +125,8 @@ def figure_spec(study, name):
         spec["cells"] = [{"method": v["method"], "x": v["values"][xkey], "y": v["values"][ykey]} for v in variants]
         spec.setdefault("x_label", xkey.split(".")[1])
         spec.setdefault("y_label", ykey.split(".")[1])
+        spec["setting_label"] = label_of(s, "settings", f["setting"])
+        spec["baseline_label"] = label_of(s, "methods", f["baseline"])
     return spec
 
 
@@ -114,6 +151,8 @@ def figure_inputs(wildcards):
         return [f"{RES}/{wildcards.study}/finetune_curves.csv"]
     if f["kind"] in ("partition", "class_histogram"):
         return [f"{RES}/{wildcards.study}/partitions/{s}/seed{f['seed']}.json" for s in f["settings"]]
+    if f["kind"] == "tsne":  # the train job's index; the seed's embeddings.npz lies beside its summary
+        return [f"{RES}/{wildcards.study}/runs/{f['setting']}/{f['method']}/seeds.json"]
     return [f"{RES}/{wildcards.study}/summary.csv"]
 
 

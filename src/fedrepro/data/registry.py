@@ -12,7 +12,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from fedrepro.data import domainnet, embedded, feddisco_sets, imagenet_subset, mnist_m, vision
+from fedrepro.data import domainnet, embedded, feddisco_sets, fedl2g_sets, imagenet_subset, mnist_m, vision
 from fedrepro.data.format import save_prepared
 
 
@@ -79,6 +79,11 @@ DATASETS: dict[str, DatasetSpec] = {
                                         partial(domainnet.prepare_leave_one_out, d), None,
                                         built_from=tuple(f"domainnet_{s}" for s in domainnet.DOMAINS if s != d))
        for d in domainnet.DOMAINS},
+    # FedL2G: Oxford Flowers102 and Tiny-ImageNet, prepared at fedl2g_sets.SIDE (32x32)
+    **{name: DatasetSpec(name, True, partial(fedl2g_sets.download, name), prepare,
+                         fedl2g_sets.manual_instructions(name), tuple(fedl2g_sets.REMOTES[name].files))
+       for name, prepare in (("flowers102", fedl2g_sets.prepare_flowers102),
+                             ("tiny_imagenet", fedl2g_sets.prepare_tiny_imagenet))},
 }
 
 

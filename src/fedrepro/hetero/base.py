@@ -121,6 +121,11 @@ class HeteroMethod:
         """Class predictions of the client's model (default: the head's argmax)."""
         return logits.argmax(1)
 
+    def anchors(self) -> tuple[str, Tensor] | None:
+        """Server-held per-class vectors to plot beside the clients' representations (FedL2G Fig. 4): the
+        space they live in ("feature" or "logit") and a C x D tensor; None for methods that hold none."""
+        return None
+
     def diverged(self) -> bool:
         """Whether the server state has gone non-finite."""
         return False

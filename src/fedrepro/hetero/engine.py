@@ -283,6 +283,29 @@ class HeteroRun:
             "per_client_acc": per_client, "per_class_acc": per_class,
         }
 
+    @torch.no_grad()
+    def embeddings(self, space: str = "feature", per_class: int = 10) -> dict[str, np.ndarray]:
+        """Each client's representation of its own test samples, at most ``per_class`` per class and client
+        (the first in its test order): 512-d features (``space="feature"``) or logits, with labels and client
+        ids, for a t-SNE beside a method's anchors (FedL2G Fig. 4)."""
+        feats, labels, clients = [], [], []
+        for cid in range(self.num_clients):
+            idx = self.test_idx[cid]
+            y = self.data.y_train[idx]
+            keep = torch.cat([torch.nonzero(y == c).squeeze(1)[:per_class] for c in y.unique()])
+            idx = idx[keep.sort().values]
+            client = self.load_client(cid, 0)
+            client.model.eval()
+            z = client.model.body(self.data.x_train[idx])
+            if space == "logit":
+                z = client.model.head(z)
+            client.model.train()
+            feats.append(z.cpu().numpy())
+            labels.append(self.data.y_train[idx].cpu().numpy())
+            clients.append(np.full(len(idx), cid))
+        return {"features": np.concatenate(feats).astype(np.float32), "labels": np.concatenate(labels),
+                "clients": np.concatenate(clients)}
+
     def _clock(self) -> float:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

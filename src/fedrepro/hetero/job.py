@@ -7,13 +7,17 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from fedrepro.hetero.engine import HeteroConfig, HeteroResult, HeteroRun
 from fedrepro.hetero.methods import build_method
+from fedrepro.io import atomic_write_npz
 from fedrepro.partition import load_partition
 from fedrepro.seeding import INIT, derive_seed
 from fedrepro.train import fingerprint, job_data, write_run
+
+EMBEDDINGS = "embeddings.npz"  # a seed's anchors and the clients' test representations, beside summary.json
 
 
 def hetero_config(training: dict) -> HeteroConfig:
@@ -48,6 +52,12 @@ def train_hetero_job(
                         log=lambda msg, tag=tag: log(f"{tag}: {msg}"))
         ckpt = checkpoint_dir / f"seed{seed}.pt" if checkpoint_dir else None
         result = run.run(ckpt, fingerprint(spec, seed, prepared.meta["sha256"], parts))
+        anchors = run.method.anchors()
+        if anchors is not None:  # FedL2G's guiding vectors beside the clients' features (Fig. 4)
+            space, vectors = anchors
+            Path(out_dirs[seed]).mkdir(parents=True, exist_ok=True)
+            atomic_write_npz(Path(out_dirs[seed]) / EMBEDDINGS, anchors=vectors.detach().cpu().numpy(),
+                             space=np.array(space), **run.embeddings(space))
         write_run(Path(out_dirs[seed]), spec, seed, result, dev)
         results[seed] = result
     return results

@@ -80,11 +80,11 @@ class _MiniBlock(nn.Module):
 
 
 def resnet_mini(shape: tuple[int, int, int], num_classes: int, feature_dim: int = 512) -> SplitModel:
-    """A two-block GroupNorm ResNet (widths 16, 32; stride 2 in the second), global average pool, then fc K
-    ReLU: depth and a residual path the other three lack."""
+    """A two-block GroupNorm ResNet (widths 16, 32; stride 2 in the stem and the second block), global average
+    pool, then fc K ReLU: depth and a residual path the other three lack, at a laptop's cost."""
     c = shape[2]
     body = nn.Sequential(
-        nn.Conv2d(c, 16, 3, padding=1, bias=False), nn.GroupNorm(2, 16), nn.ReLU(),
+        nn.Conv2d(c, 16, 3, stride=2, padding=1, bias=False), nn.GroupNorm(2, 16), nn.ReLU(),
         _MiniBlock(16, 16, 1), _MiniBlock(16, 32, 2),
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, feature_dim), nn.ReLU(),
     )

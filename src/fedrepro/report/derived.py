@@ -1,6 +1,7 @@
 """Per-run numbers a table needs beyond summary.json, derived from the evaluation rows in runs.csv:
-rounds to reach a target accuracy (FedDisco Tables 3/10), a metric at a given round (Table 12) and the
-maximum over the last k evaluations (Feddle's reported number)."""
+rounds to reach a target accuracy (FedDisco Tables 3/10), a metric at a given round (Table 12), a per-round
+cost averaged over the run, optionally rescaled (FedL2G Table 3: MB up/down, client/server seconds per round),
+and the maximum over the last k evaluations (Feddle's reported number)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from fedrepro.report.collect import KEYS
 
 # per-run columns of summary.csv, and of finetune.csv for the fine-tuning tables (source: finetune)
 SUMMARY_METRICS = ("final_acc", "best_acc", "last_k_acc", "target_acc", "best_target_acc")
-LOWER_IS_BETTER = ("rounds_to_", "client_acc_var", "server_gflops", "cache_mb")
+LOWER_IS_BETTER = ("rounds_to_", "client_acc_var", "round_bytes_", "client_seconds", "server_seconds",
+                   "server_gflops", "cache_mb")
 LAST_K_MAX = "last_k_max_acc"
 
 
@@ -25,6 +27,9 @@ def metric_key(spec: dict, column: dict) -> str:
         return f"rounds_to_{spec['target_acc']:g}"
     if metric in SUMMARY_METRICS or metric == LAST_K_MAX:
         return metric
+    if column.get("reduce") == "mean":
+        scale = column.get("scale", 1)
+        return f"{metric}@mean" + ("" if scale == 1 else f"*{scale:g}")
     if column.get("round") is None:
         raise ValueError(f"table {spec['name']}: metric {metric} of column {column.get('label')!r} needs a round")
     return f"{metric}@{column['round']}"
@@ -73,6 +78,10 @@ def add_derived(spec: dict, summary: pd.DataFrame, runs: pd.DataFrame) -> pd.Dat
                 metric = column.get("metric") or spec["metric"]
                 if metric not in curve.columns:
                     raise ValueError(f"table {spec['name']}: runs.csv has no column {metric!r}")
-                values.append(at_round(curve, metric, column["round"]))
+                if column.get("reduce") == "mean":
+                    # each evaluation row holds the mean over the rounds since the previous one
+                    values.append(float(curve[metric].mean()) * column.get("scale", 1))
+                else:
+                    values.append(at_round(curve, metric, column["round"]))
         out[key] = values
     return out

@@ -15,6 +15,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from fedrepro.io import atomic_write
 from fedrepro.report.style import FIGURE_RC, method_dashes, method_palette
@@ -32,6 +33,7 @@ AXIS_LABELS = {
     "jac_norm": "global Jacobian norm ||mean_k J_k||",
     "jac_var": "cross-client Jacobian variance σ²",
     "guide_norm": "guide norm γ",
+    "train_ce": "clients' cross-entropy loss (train)",
 }
 BANDS = {
     "sd": ("sd", "band: ±1 sd over seeds"),
@@ -125,6 +127,8 @@ def render_curves(spec: dict, runs: pd.DataFrame, out_stem: Path) -> None:
             ax.set_title(setting["label"])
             ax.set_xlabel(AXIS_LABELS.get(x, x))
             ax.set_ylabel(AXIS_LABELS.get(y, y))
+            if x in ("round", "epoch"):  # counted things: no ticks at round 1.5
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             if panel[y].notna().sum() == 0:
                 ax.text(0.5, 0.5, "no runs", transform=ax.transAxes, ha="center", va="center", color="0.4")
                 continue
@@ -157,5 +161,5 @@ def render_curves(spec: dict, runs: pd.DataFrame, out_stem: Path) -> None:
             ncols=min(len(order), 6),
             title=f"method (line: mean over seeds; {band_text}, {n_text})",
         )
-        fig.suptitle(figure_title(spec))
+        fig.suptitle(figure_title(spec), wrap=True)  # long captions wrap, never clip
         save_figure(fig, out_stem)

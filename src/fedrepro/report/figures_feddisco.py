@@ -122,7 +122,7 @@ def render_gain_grid(spec: dict, summary: pd.DataFrame, out_stem: Path) -> None:
     lim = float(np.nanmax(np.abs(gain))) or 1.0
     metric = METRIC_LABELS.get(spec["metric"], spec["metric"])
     with mpl.rc_context(FIGURE_RC):
-        fig = new_figure(max(4.5, 0.8 * len(xs) + 2.6), max(3.4, 0.5 * len(ys) + 2.0))
+        fig = new_figure(max(5.5, 0.8 * len(xs) + 2.6), max(3.8, 0.5 * len(ys) + 2.4))
         ax = fig.subplots()
         image = ax.imshow(np.ma.masked_invalid(gain), cmap="RdBu", vmin=-lim, vmax=lim, origin="lower", aspect="auto")
         ax.grid(False)
@@ -134,9 +134,10 @@ def render_gain_grid(spec: dict, summary: pd.DataFrame, out_stem: Path) -> None:
         ax.set_yticks(range(len(ys)), [_fmt(y) for y in ys])
         ax.set_xlabel(spec.get("x_label", "x"))
         ax.set_ylabel(spec.get("y_label", "y"))
-        ax.set_title(f"{spec['setting']}: vs {spec['baseline']} (paired mean over seeds, {_n_text(n.ravel())})")
+        setting, baseline = spec.get("setting_label", spec["setting"]), spec.get("baseline_label", spec["baseline"])
+        ax.set_title(f"{setting}: vs {baseline}\n(paired mean over seeds, {_n_text(n.ravel())})", fontsize=10)
         fig.colorbar(image, ax=ax, label=f"gain in {metric} (points)")
-        fig.suptitle(figure_title(spec))
+        fig.suptitle(figure_title(spec), wrap=True)  # long captions wrap, never clip
         save_figure(fig, out_stem)
 
 
@@ -176,7 +177,7 @@ def render_gain_lines(spec: dict, summary: pd.DataFrame, out_stem: Path) -> None
         ax.set_ylabel(f"gain in {metric} (points)")
         ns = [n for rows in tables.values() for _, _, n in rows]
         ax.legend(title=f"paired mean ± 1 sd over seeds ({_n_text(ns)})", loc="best")
-        fig.suptitle(figure_title(spec))
+        fig.suptitle(figure_title(spec), wrap=True)  # long captions wrap, never clip
         save_figure(fig, out_stem)
 
 
@@ -268,7 +269,7 @@ def render_partition(spec: dict, stats: dict[str, dict], out_stem: Path) -> None
             title = f"{entry.get('label', entry['setting'])}\nK = {k} clients, {int(counts.sum()):,} samples"
             dropped = int(found.get("dropped", 0))
             ax.set_title(title + (f" ({dropped:,} in no client)" if dropped else ""))
-        fig.suptitle(figure_title(spec))
+        fig.suptitle(figure_title(spec), wrap=True)  # long captions wrap, never clip
         save_figure(fig, out_stem)
 
 
@@ -285,7 +286,7 @@ def render_class_histogram(spec: dict, stats: dict[str, dict], out_stem: Path) -
             title = f"{entry.get('label', entry['setting'])}\n{int(totals.sum()):,} samples, {ratio}"
             ax.set(xlabel="class", ylabel="samples (all clients)", title=title)
             _integer_ticks(ax.xaxis, len(totals))
-        fig.suptitle(figure_title(spec))
+        fig.suptitle(figure_title(spec), wrap=True)  # long captions wrap, never clip
         save_figure(fig, out_stem)
 
 
@@ -380,5 +381,5 @@ def render_per_class(spec: dict, summary: pd.DataFrame, out_stem: Path) -> None:
             ncols=1,
             title="mean over seeds, bars ±1 sd; head/middle/tail/avg: mean over classes, sd: over classes",
         )
-        fig.suptitle(figure_title(spec))
+        fig.suptitle(figure_title(spec), wrap=True)  # long captions wrap, never clip
         save_figure(fig, out_stem)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -87,14 +88,26 @@ class _Cell:
         return f"diverged ({word} {', '.join(map(str, rounds))})"
 
 
+def decimals(x: float) -> int:
+    """Two decimals, or more for a small non-zero magnitude so it keeps three significant digits (FedL2G's
+    measured MB and seconds per round at laptop scale are ~0.001; accuracies keep the papers' two)."""
+    if x == 0 or math.isnan(x) or abs(x) >= 0.1:
+        return 2
+    return min(6, 2 - math.floor(math.log10(abs(x))))
+
+
+def _num(x: float, sign: str = "") -> str:
+    return f"{x:{sign}.{decimals(x)}f}"
+
+
 def _pm(mean: float, std: float | None, sep: str) -> str:
     if std is None or math.isnan(std):
-        return f"{mean:.2f}"
-    return f"{mean:.2f}{sep}{std:.2f}"
+        return _num(mean)
+    return f"{_num(mean)}{sep}{std:.{decimals(mean)}f}"
 
 
 def _signed(x: float) -> str:
-    return f"{x:+.2f}"
+    return _num(x, "+")
 
 
 def cell_method(row: dict, column: dict) -> str:
@@ -154,9 +167,9 @@ def _build_cells(spec: dict, summary: pd.DataFrame, published: pd.DataFrame | No
         col = [line[j] for line in grid if line[j].values]
         if len(col) >= 2:
             pick = min if lower_is_better(metric_key(spec, column)) else max
-            best = pick(round(c.mean, 2) for c in col)
+            best = pick(round(c.mean, decimals(c.mean)) for c in col)
             for c in col:
-                c.bold = round(c.mean, 2) == best
+                c.bold = round(c.mean, decimals(c.mean)) == best
     return grid
 
 
@@ -311,6 +324,44 @@ def _render_tex(spec: dict, grid, has_paper: list[bool], intro: list[str], notes
     return "\n".join(lines) + "\n"
 
 
+_HTML_CSS = """body{font-family:system-ui,sans-serif;margin:1em;color:#222}
+table{border-collapse:collapse}th,td{padding:.25em .6em;border-bottom:1px solid #ddd;text-align:right}
+td{white-space:nowrap}
+th:first-child,td:first-child{text-align:left}th{background:#f3f3f3}.paper{color:#666}p{max-width:60em}"""
+
+
+def _html_ours(c: _Cell) -> str:
+    if c.status in ("missing", "diverged"):
+        return html.escape(_md_ours(c))
+    text = html.escape(_pm(c.mean, c.std, " ± "))
+    text = f"<b>{text}</b>" if c.bold else text
+    return text + (DAGGER if c.status == "partial" else "")
+
+
+def _render_html(spec: dict, grid, has_paper: list[bool], intro: list[str], notes: list[str]) -> str:
+    """A standalone HTML page of the table (the Snakemake report shows HTML, not Markdown)."""
+    head = ["<th>Method</th>"]
+    for c, hp in zip(spec["columns"], has_paper, strict=True):
+        head.append(f"<th>{html.escape(c['label'])}</th>")
+        if hp:
+            head += [f'<th class="paper">{html.escape(c["label"])}: paper</th>', '<th class="paper">Δ</th>']
+    body = []
+    for r, line in zip(spec["rows"], grid, strict=True):
+        cells = [f"<td>{html.escape(r['label'])}</td>"]
+        for c, hp in zip(line, has_paper, strict=True):
+            cells.append(f"<td>{_html_ours(c)}</td>")
+            if hp:
+                paper = _pm(c.paper[0], c.paper[1], " ± ") if c.paper else DASH
+                diff = _signed(c.diff) if not math.isnan(c.diff) else DASH
+                cells += [f'<td class="paper">{html.escape(paper)}</td>', f'<td class="paper">{diff}</td>']
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    title = html.escape(f"{spec['caption'] or spec['name']} ({spec['name']})")
+    paras = "".join(f"<p>{html.escape(t)}</p>" for t in intro + notes if t)
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title><style>{_HTML_CSS}</style>"
+            f"</head><body><h2>{title}</h2><table><thead><tr>{''.join(head)}</tr></thead>"
+            f"<tbody>{''.join(body)}</tbody></table>{paras}</body></html>\n")
+
+
 def _with(stem: Path, suffix: str) -> Path:
     # Not Path.with_suffix: a stem such as "t1.niid" would lose its ".niid".
     return stem.parent / (stem.name + suffix)
@@ -319,7 +370,7 @@ def _with(stem: Path, suffix: str) -> Path:
 def render_table(
     spec: dict, summary: pd.DataFrame, published: pd.DataFrame | None, out_stem: Path, scale: str
 ) -> pd.DataFrame:
-    """Write ``out_stem``.md/.tex/.csv for one table spec and return the tidy cell frame.
+    """Write ``out_stem``.md/.tex/.html/.csv for one table spec and return the tidy cell frame.
 
     A cell is mean ± std over seeds of ``spec["metric"]``; diverged seeds are left out of the mean
     (and marked), an all-diverged cell says so, an empty cell shows a dash. Where the row, column and
@@ -345,6 +396,7 @@ def render_table(
 
     write_text_atomic(_render_md(spec, grid, has_paper, intro, notes), _with(out_stem, ".md"))
     write_text_atomic(_render_tex(spec, grid, has_paper, intro, notes), _with(out_stem, ".tex"))
+    write_text_atomic(_render_html(spec, grid, has_paper, intro, notes), _with(out_stem, ".html"))
 
     tidy = pd.DataFrame(
         [

@@ -165,6 +165,9 @@ class FedL2GLogit(HeteroMethod):
     def diverged(self) -> bool:
         return not bool(torch.isfinite(self.state["guide"]).all())
 
+    def anchors(self) -> tuple[str, Tensor]:
+        return self.space, self.state["guide"]
+
     def round_metrics(self) -> dict[str, float]:
         return {"warmup": float(self._round <= self.warmup_rounds)}
 

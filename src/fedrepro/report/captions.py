@@ -1,0 +1,71 @@
+"""The words of the Snakemake report's captions (workflow/report/*.rst fill them in): what an artifact
+shows, which paper table or figure it mirrors, the scale it ran at and which accuracy summary it uses."""
+
+from __future__ import annotations
+
+import re
+
+from fedrepro.report.scorecard import accuracy_summary
+
+SCALES = {
+    "embedded": "embedded (laptop scale: stand-in data sets that ship with scikit-learn, small models, few "
+                "rounds; the published numbers are not comparable, only rankings are)",
+    "paper": "paper (the paper's data sets, models, rounds and seeds)",
+}
+SUMMARY_WORDS = {
+    "final_acc": "final (after the last round)",
+    "best_acc": "best (over rounds)",
+    "last_k_acc": "mean of the last k evaluations",
+}
+KINDS = {
+    "curve": "{y} per round, one panel per setting, one colour per method (the same in every figure of every "
+             "study); line: mean over seeds, band: ±1 sd over seeds",
+    "finetune_curve": "{y} on the target domain per fine-tuning epoch, one colour per method; line: mean over "
+                      "seeds, band: ±1 sd over seeds",
+    "partition": "samples per class (rows) and client (columns) of the seed-{seed} partition, one panel per "
+                 "setting",
+    "class_histogram": "samples per class of the whole training set, one panel per setting",
+    "gain_grid": "accuracy gain of each swept variant over the baseline, a heatmap over the two swept values "
+                 "(mean over seeds of the {metric} accuracy)",
+    "gain_lines": "accuracy gain of each method over its baseline across settings (mean over seeds of the "
+                  "{metric} accuracy)",
+    "per_class": "test accuracy per category, one colour per method; bars: mean over seeds, whiskers: ±1 sd",
+    "tsne": "a t-SNE of the server's per-class vectors (diamonds) among the clients' own representations of "
+            "their test samples (circles, at most 10 per class and client), one colour per class, seed {seed}",
+}
+Y_WORDS = {"test_acc": "test accuracy", "train_acc": "train accuracy", "test_loss": "test loss",
+           "train_loss": "train loss", "jac_norm": "global Jacobian norm", "jac_var": "cross-client Jacobian "
+           "variance", "guide_norm": "guide norm", "train_ce": "clients' cross-entropy loss on their training data"}
+
+
+def rst_escape(text: str) -> str:
+    """Plain text that reStructuredText shows as is (labels such as "CIFAR-10 | NIID-1" or "*")."""
+    return re.sub(r"([\\`*_|<>\[\]])", r"\\\1", str(text))
+
+
+def table_caption(spec: dict, scale: str) -> dict[str, str]:
+    """Caption fields of a table: title, mirrors, scale, summary (already reStructuredText-escaped)."""
+    mirrors = f"{spec['paper_table']} of the paper" if spec.get("paper_table") else "no published table"
+    metric = spec.get("metric", "")
+    summary = SUMMARY_WORDS.get(metric, accuracy_summary(spec))
+    return {
+        "title": rst_escape(spec.get("caption") or spec["name"]),
+        "mirrors": rst_escape(mirrors),
+        "scale": rst_escape(SCALES[scale]),
+        "summary": rst_escape(summary),
+    }
+
+
+def figure_caption(spec: dict, scale: str) -> dict[str, str]:
+    """Caption fields of a figure: title, shows, mirrors, scale (already reStructuredText-escaped)."""
+    kind = spec["kind"]
+    shows = KINDS[kind].format(y=Y_WORDS.get(spec.get("y", "test_acc"), spec.get("y", "")),
+                               seed=spec.get("seed", 0),
+                               metric=SUMMARY_WORDS.get(spec.get("metric", "best_acc"), spec.get("metric", "")))
+    mirrors = f"{spec['paper_figure']} of the paper" if spec.get("paper_figure") else "no published figure"
+    return {
+        "title": rst_escape(spec.get("caption") or spec["name"]),
+        "shows": rst_escape(shows[0].upper() + shows[1:]),
+        "mirrors": rst_escape(mirrors),
+        "scale": rst_escape(SCALES[scale]),
+    }

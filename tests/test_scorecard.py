@@ -1,0 +1,315 @@
+"""The scorecard (cells regenerated, distance to the paper, ranking claims), report captions and the
+README showcase block."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from conftest import REPO
+
+from fedrepro.config import ConfigError, load_yaml, resolve_config
+from fedrepro.report.captions import KINDS, figure_caption, rst_escape, table_caption
+from fedrepro.report.published import load_published, lookup
+from fedrepro.report.scorecard import build_scorecard, check_claims, render_markdown, score_table
+from fedrepro.report.showcase import BEGIN, END, replace_block, study_section, write_showcase
+from fedrepro.report.tables import paper_key
+
+ROWS = [{"method": m, "label": m.upper()} for m in ("a", "b", "c")]
+
+
+def spec_of(columns: list[dict], claims: list[dict] | None = None, metric: str = "best_acc") -> dict:
+    return {"name": "t", "caption": "T", "paper_table": "Table 1", "metric": metric, "rows": ROWS,
+            "columns": columns, "claims": claims or []}
+
+
+def cells_of(spec: dict, ours: list[list[float]], paper: list[list[float]], std: list[list[float]]) -> pd.DataFrame:
+    """The tidy cell frame render_table writes, row-major; NaN ours = a missing cell."""
+    rows = []
+    for i, r in enumerate(spec["rows"]):
+        for j, c in enumerate(spec["columns"]):
+            o = ours[i][j]
+            rows.append({"row": r["label"], "column": c["label"], "method": r["method"], "setting": c["setting"],
+                         "ours_mean": o, "paper_mean": paper[i][j], "paper_std": std[i][j],
+                         "status": "missing" if math.isnan(o) else "ok"})
+    return pd.DataFrame(rows)
+
+
+NAN = math.nan
+TWO_COLS = [{"setting": "s1", "label": "one"}, {"setting": "s2", "label": "two"}]
+
+
+def test_score_table_counts_distances_and_two_sd() -> None:
+    spec = spec_of(TWO_COLS)
+    ours = [[70.0, 60.0], [72.0, NAN], [65.0, 61.0]]
+    paper = [[71.0, 64.0], [70.0, 66.0], [NAN, 60.0]]
+    std = [[1.0, NAN], [0.5, 1.0], [NAN, 0.2]]
+    s = score_table("study", spec, cells_of(spec, ours, paper, std))
+    assert (s.cells, s.regenerated, s.published, s.compared) == (6, 5, 5, 4)
+    diffs = [1.0, 4.0, 2.0, 1.0]  # a/one, a/two, b/one, c/two
+    assert s.mean_abs_diff == pytest.approx(sum(diffs) / 4) and s.max_abs_diff == pytest.approx(4.0)
+    # cells with a published sd: a/one (1 <= 2), b/one (2 > 1), c/two (1 > 0.4)
+    assert (s.with_std, s.within_2sd) == (3, 1)
+    assert s.summary == "best"
+
+
+def test_rank_agreement_is_kendall_tau_over_columns_with_three_rows() -> None:
+    spec = spec_of(TWO_COLS)
+    same, reversed_ = [[3.0, 1.0], [2.0, 2.0], [1.0, 3.0]], [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
+    nan_std = [[NAN] * 2] * 3
+    s = score_table("x", spec, cells_of(spec, same, reversed_, nan_std))
+    assert s.rank_tau == pytest.approx((-1.0 + 1.0) / 2)
+    two_rows = [[3.0, 1.0], [2.0, 2.0], [NAN, NAN]]
+    assert math.isnan(score_table("x", spec, cells_of(spec, two_rows, reversed_, nan_std)).rank_tau)
+
+
+def test_best_claim_holds_fails_and_names_the_failing_column() -> None:
+    spec = spec_of(TWO_COLS, [{"best": "a"}])
+    ours = [[70.0, 60.0], [69.0, 61.0], [NAN, 50.0]]
+    paper = [[71.0, 64.0], [70.0, 63.0], [60.0, 62.0]]
+    (claim,) = check_claims(spec, cells_of(spec, ours, paper, [[NAN] * 2] * 3))
+    assert claim.paper == "holds (2/2)"
+    assert claim.ours == "fails (1/2 hold; not in two)" and claim.holds is False
+    assert claim.text == "A is best in every column"
+
+
+def test_claims_respect_lower_is_better_columns_and_ties() -> None:
+    columns = [{"setting": "s1", "label": "acc"}, {"setting": "s1", "label": "rounds", "metric": "rounds_to_acc"}]
+    spec = {**spec_of(columns, [{"best": "a"}]), "target_acc": 55}
+    ours = [[70.0, 10.0], [70.0, 12.0], [60.0, 30.0]]  # a ties b on accuracy and needs the fewest rounds
+    (claim,) = check_claims(spec, cells_of(spec, ours, ours, [[NAN] * 2] * 3))
+    assert claim.ours == "holds (2/2)"
+    ours[0][1] = 40.0
+    (claim,) = check_claims(spec, cells_of(spec, ours, ours, [[NAN] * 2] * 3))
+    assert claim.ours == "fails (1/2 hold; not in rounds)"
+
+
+def test_pairwise_and_column_claims_with_missing_cells() -> None:
+    columns = [{"setting": "s1", "label": "without"}, {"setting": "s1", "label": "with", "method_suffix": "-d"}]
+    claims = [{"better": "c", "than": "b", "text": "C beats B"},
+              {"better_column": "with", "than_column": "without"},
+              {"better_column": "with", "than_column": "without", "rows": ["a"]}]
+    spec = spec_of(columns, claims)
+    ours = [[50.0, 55.0], [60.0, 58.0], [NAN, 70.0]]
+    paper = [[50.0, 52.0], [60.0, 61.0], [65.0, 66.0]]
+    pair, column, one_row = check_claims(spec, cells_of(spec, ours, paper, [[NAN] * 2] * 3))
+    assert pair.text == "C beats B" and pair.ours == "holds (1/1); 1 of 2 without numbers"
+    assert pair.holds is None and pair.paper == "holds (2/2)"
+    assert column.ours == "fails (1/2 hold; not in B); 1 of 3 without numbers"
+    assert column.paper == "holds (3/3)"
+    assert one_row.ours == "holds (1/1)" and one_row.holds is True
+    assert one_row.text == "column with beats column without in A"
+
+
+def test_nothing_to_check_says_so() -> None:
+    spec = spec_of(TWO_COLS, [{"best": "a"}])
+    empty = [[NAN] * 2] * 3
+    (claim,) = check_claims(spec, cells_of(spec, empty, empty, empty))
+    assert claim.ours == claim.paper == "not checkable (no numbers)"
+
+
+def test_cell_csv_that_does_not_fit_the_spec_is_an_error() -> None:
+    spec = spec_of(TWO_COLS)
+    cells = cells_of(spec, [[1.0, 2.0]] * 3, [[NAN] * 2] * 3, [[NAN] * 2] * 3).iloc[:-1]
+    with pytest.raises(ValueError, match="5 cells in its CSV, but the spec has 3 rows x 2 columns"):
+        score_table("x", spec, cells)
+
+
+def test_embedded_scorecard_compares_rankings_only_paper_scale_shows_distances(tmp_path: Path) -> None:
+    spec = spec_of(TWO_COLS, [{"best": "a"}])
+    csv = tmp_path / "t.csv"
+    cells_of(spec, [[70.0, 60.0], [69.0, 59.0], [1.0, 2.0]], [[71.0, 64.0], [70.0, 63.0], [60.0, 62.0]],
+             [[1.0, NAN], [NAN, NAN], [NAN, NAN]]).to_csv(csv, index=False)
+    scores = build_scorecard([("s", spec, csv)], "embedded", tmp_path / "sc.md", tmp_path / "sc.html")
+    md = (tmp_path / "sc.md").read_text()
+    assert "not comparable" in md and "rankings only" in md and "mean abs diff" not in md
+    assert "| t | Table 1 | best | 6 of 6 | 6 |" in md
+    assert "1 of 1 hold in our numbers" in md
+    html = (tmp_path / "sc.html").read_text()
+    assert '<td class="holds">holds (2/2)</td>' in html and "not comparable" in html
+    paper = render_markdown(scores, "paper")
+    assert "not comparable" not in paper and "| mean abs diff | max abs diff | within 2 published sd |" in paper
+    # one cell with a published sd, within 2 sd (|70 - 71| <= 2); the other five have none
+    assert "| 1 of 1 (5 cells without a published sd) |" in paper
+    no_sd = [score_table("s", spec, pd.read_csv(csv).assign(paper_std=NAN))]
+    assert "| paper prints no sd |" in render_markdown(no_sd, "paper")
+
+
+# ------------------------------------------------------------------ claims in the study files
+
+
+def _table_specs(study: dict):
+    """The tables as the workflow fills them in (common.smk table_spec: labels from methods/settings)."""
+    for name, t in study["tables"].items():
+        rows = [{"label": study["methods"][r["method"]].get("label", r["method"]), "paper": None, **r}
+                for r in t["rows"]]
+        cols = [{"label": study["settings"][c["setting"]].get("label", c["setting"]), "paper": None, **c}
+                for c in t["columns"]]
+        yield {**t, "name": name, "rows": rows, "columns": cols}
+
+
+@pytest.mark.parametrize("config", ["config/config.yaml", "config/paper.yaml"])
+def test_declared_claims_check_against_the_published_numbers(config: str) -> None:
+    cfg = resolve_config(load_yaml(REPO / config))
+    verdicts = {}
+    for name, study in cfg["studies"].items():
+        published = load_published(REPO / "config" / "paper" / f"{study['paper']}.csv")
+        for spec in _table_specs(study):
+            rows = []
+            for r in spec["rows"]:
+                for c in spec["columns"]:
+                    key = paper_key(spec, r, c) if spec["paper_table"] else None
+                    hit = lookup(published, spec["paper_table"], *key) if key else None
+                    rows.append({"ours_mean": NAN, "status": "missing", "paper_mean": hit[0] if hit else NAN,
+                                 "paper_std": NAN})
+            for claim in check_claims(spec, pd.DataFrame(rows)):
+                verdicts[(name, spec["name"], claim.text)] = claim.paper
+    assert verdicts, "no claims declared"
+    assert all(not v.startswith("not checkable") or "Disco improves every baseline under" in k[2]
+               for k, v in verdicts.items()), verdicts  # (embedded Table 2 maps only its + Disco columns)
+    if config == "config/paper.yaml":
+        assert verdicts[("feddisco", "table1", "FedDisco is best in every column")] == "holds (7/7)"
+        assert verdicts[("feddisco", "table7", "KL divergence is the best discrepancy metric")] == "holds (1/1)"
+        assert verdicts[("fedgtst", "table6", "FedGTST is best for every left-out domain")] == (
+            "holds (5/5); 1 of 6 without numbers")
+
+
+def _study_with_claims(claims: list[dict]) -> dict:
+    study = yaml.safe_load((REPO / "tests" / "data" / "tiny_study.yaml").read_text())
+    study["tables"]["t1"]["claims"] = claims
+    return {"studies": {"feddisco": study}}
+
+
+@pytest.mark.parametrize(("claims", "message"), [
+    ([{"best": "fedprx"}], r"claims\.0: best: 'fedprx' is not a row's method \(did you mean 'fedprox'\?\)"),
+    ([{"better": "fedavg", "than": "moon"}], r"than: 'moon' is not a row's method"),
+    ([{"best": "fedavg", "columns": ["iid5"]}], r"columns: 'iid5' names no column \(did you mean 'iid4'\?\)"),
+    ([{"better_column": "iid4", "than_column": "x"}], r"than_column: 'x' must name exactly one column"),
+    ([{"best": "fedavg", "rows": ["fedavg"]}], r"rows: only better_column claims take `rows`"),
+    ([{"best": "fedavg", "better": "fedprox", "than": "fedavg"}],
+     r"tables\.t1\.claims\.0: a claim is one of \{best\} \| \{better, than\} \| "
+     r"\{better_column, than_column\}; this one has \['best', 'better', 'than'\]"),
+    ([{"than": "fedavg"}], r"this one has \['than'\]"),
+    ([{"bets": "fedavg"}], r"unknown key 'bets' \(did you mean 'best'\?\)"),
+])
+def test_bad_claims_fail_with_the_key_named(claims, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        resolve_config(_study_with_claims(claims))
+
+
+def test_claim_defaults_come_from_the_schema() -> None:
+    cfg = resolve_config(_study_with_claims([{"best": "fedavg"}]))
+    assert cfg["studies"]["feddisco"]["tables"]["t1"]["claims"] == [
+        {"best": "fedavg", "columns": None, "rows": None, "text": ""}]
+    assert resolve_config(_study_with_claims([]))["showcase"] is None
+
+
+def test_showcase_must_name_a_study_and_its_figure() -> None:
+    cfg = _study_with_claims([])
+    with pytest.raises(ConfigError, match=r"showcase\.figure: study 'feddisco' has no figure 'curve' "
+                                          r"\(did you mean 'curves'\?\)"):
+        resolve_config({**cfg, "showcase": {"study": "feddisco", "figure": "curve"}})
+    with pytest.raises(ConfigError, match=r"showcase\.study: unknown study 'fedgtst'"):
+        resolve_config({**cfg, "showcase": {"study": "fedgtst", "figure": "curves"}})
+
+
+# ------------------------------------------------------------------ captions
+
+
+def test_captions_name_the_paper_artifact_scale_and_summary() -> None:
+    import docutils.core
+
+    spec = spec_of([{"setting": "s", "label": "CIFAR-10 | NIID-1"}], metric="last_k_acc")
+    cap = table_caption({**spec, "caption": "Table 3: *partial* | `x`"}, "embedded")
+    assert cap["mirrors"] == "Table 1 of the paper" and cap["summary"] == "mean of the last k evaluations"
+    assert cap["scale"].startswith("embedded") and "not comparable" in cap["scale"]
+    html = docutils.core.publish_parts(f"**{cap['title']}**", writer="html")["body"]
+    assert "Table 3: *partial* | `x`" in html  # shown as written, not as reStructuredText markup
+    assert rst_escape("a_b|c") == r"a\_b\|c"
+    fig = figure_caption({"name": "f", "kind": "curve", "y": "jac_norm", "paper_figure": "Figure 2"}, "paper")
+    assert fig["shows"].startswith("Global Jacobian norm per round") and "band: ±1 sd over seeds" in fig["shows"]
+    assert fig["mirrors"] == "Figure 2 of the paper" and fig["scale"].startswith("paper")
+
+
+def test_every_figure_kind_has_caption_words() -> None:
+    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "study.schema.yaml").read_text())
+    kinds = schema["properties"]["figures"]["additionalProperties"]["properties"]["kind"]["enum"]
+    assert set(kinds) == set(KINDS)
+
+
+# ------------------------------------------------------------------ README showcase
+
+SCORECARD = """# Scorecard
+
+**Embedded scale.** Not comparable.
+
+Rank agreement: ...
+
+## feddisco
+
+| table | mirrors |
+|---|---|
+| table1 | Table 1 |
+
+## fedgtst
+
+| table | mirrors |
+|---|---|
+| table1 | Table 1 |
+"""
+
+
+def test_study_section_takes_the_statement_and_one_study() -> None:
+    text = study_section(SCORECARD, "feddisco")
+    assert text.startswith("**Embedded scale.** Not comparable.")
+    assert "| table1 | Table 1 |" in text and "fedgtst" not in text
+    with pytest.raises(ValueError, match="no section for study 'fedl2g'"):
+        study_section(SCORECARD, "fedl2g")
+
+
+def test_replace_block_needs_one_pair_of_markers() -> None:
+    text = f"head\n{BEGIN}\nold\n{END}\ntail\n"
+    assert replace_block(text, "new\n") == f"head\n{BEGIN}\nnew\n{END}\ntail\n"
+    for bad in ("no markers", f"{END}\n{BEGIN}\n", f"{BEGIN}\n{END}\n{BEGIN}\n{END}\n"):
+        with pytest.raises(ValueError, match="needs exactly one line"):
+            replace_block(bad, "x")
+
+
+def test_write_showcase_is_idempotent_and_touches_only_the_block(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# project\n\nintro\n\n{BEGIN}\nplaceholder\n{END}\n\n## more\n")
+    (tmp_path / "fig.png").write_bytes(b"\x89PNG fake")
+    (tmp_path / "scorecard.md").write_text(SCORECARD)
+    args = dict(readme=readme, figure_png=tmp_path / "fig.png", scorecard_md=tmp_path / "scorecard.md",
+                study="feddisco", caption="Curves (feddisco, embedded scale)",
+                figure_out=tmp_path / "docs" / "showcase" / "figure.png",
+                excerpt_out=tmp_path / "docs" / "showcase" / "scorecard.md")
+    assert write_showcase(**args) is True
+    text = readme.read_text()
+    assert text.startswith("# project\n\nintro\n\n") and text.endswith(f"{END}\n\n## more\n")
+    assert "![Curves (feddisco, embedded scale)](docs/showcase/figure.png)" in text
+    assert "| table1 | Table 1 |" in text and "fedgtst" not in text and "placeholder" not in text
+    assert (tmp_path / "docs" / "showcase" / "figure.png").read_bytes() == b"\x89PNG fake"
+    assert write_showcase(**args) is False and readme.read_text() == text
+    with pytest.raises(FileNotFoundError, match="showcase.readme"):
+        write_showcase(**{**args, "readme": tmp_path / "nope.md"})
+
+
+def test_the_readme_has_the_showcase_markers() -> None:
+    text = (REPO / "README.md").read_text()
+    assert text.count(BEGIN) == 1 and text.count(END) == 1
+    block = text.split(BEGIN)[1].split(END)[0]
+    assert re.search(r"docs/showcase/figure\.png", block) or "make run" in block
+
+
+def test_make_run_builds_the_report_and_make_test_installs_the_browser() -> None:
+    make = (REPO / "Makefile").read_text()
+    run = make.split("\nrun:")[1].split("\n\n")[0]
+    assert "snakemake --cores" in run and run.index("--cores") < run.index("--report results/report.html")
+    test, browser = make.split("\ntest:")[1].split("\n")[0], make.split("\nbrowser:")[1].split("\n\n")[0]
+    assert "browser" in test.split()
+    assert "apt-get install" in browser and "chromium chromium-driver" in browser
