@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import io
 import json
-import tarfile
 import zipfile
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import numpy as np
 import pytest
 import scipy.io
 from PIL import Image
-from test_data import FileServer, _no_retry_wait, _torchvision_class_attrs, md5, server  # noqa: F401
+from test_data import FileServer, _no_retry_wait, _torchvision_class_attrs, md5, server, tar_gz  # noqa: F401
 
 from fedrepro import pipeline
 from fedrepro.data import fedl2g_sets
@@ -55,16 +54,6 @@ def mat(**variables: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def tgz(members: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
 # ---------------------------------------------------------------- Flowers102
 
 # official labels (1..102) of images 1..12, and the official split (ids out of order, as setid.mat has them)
@@ -81,7 +70,7 @@ def flowers_files(labels: np.ndarray = FLOWER_LABELS, setid: dict | None = None,
         if k not in skip:
             members[f"jpg/image_{k:05d}.jpg"] = jpeg(int(labels[k - 1]) - 1, 40 + 3 * k, 70 - 2 * k)
     # MATLAB stores these as 1 x N doubles, as the official files do
-    return {"102flowers.tgz": tgz(members),
+    return {"102flowers.tgz": tar_gz(members),
             "imagelabels.mat": mat(labels=np.asarray(labels, float)[None]),
             "setid.mat": mat(**{k: np.asarray(v, float)[None] for k, v in setid.items()})}
 
@@ -166,7 +155,7 @@ def test_flowers102_bad_files_are_named(tmp_path: Path) -> None:
         (flowers_files(setid={"trnid": TRNID, "tstid": TSTID}), r"setid\.mat: no variable 'valid'"),
         (flowers_files(skip=(11,)), r"102flowers\.tgz: lacks 1 image.*jpg/image_00011\.jpg"),
         ({"102flowers.tgz": b"\x1f\x8b not really gzip"}, r"102flowers\.tgz: not a readable \.tgz"),
-        ({"102flowers.tgz": tgz({"jpg/image_00002.jpg": b"\xff\xd8 broken jpeg"})},
+        ({"102flowers.tgz": tar_gz({"jpg/image_00002.jpg": b"\xff\xd8 broken jpeg"})},
          r"102flowers\.tgz member jpg/image_00002\.jpg: not a readable image"),
     ]
     for i, (replace, message) in enumerate(cases):

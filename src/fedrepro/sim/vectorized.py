@@ -9,7 +9,11 @@ weight decay, momentum and uploads are the method's ordinary hooks, called per c
 
 Where it pays: many small models on a GPU, where one batched kernel replaces m tiny launches. On the
 2-core CPUs this project is tested on, vmap's batched convolutions (grouped convolutions underneath)
-are slower than m ordinary ones (benchmarks/clients.py), so ``engine: auto`` picks it only on CUDA.
+are slower than m ordinary ones (benchmarks/engine.py), and benchmarks/roofline.py shows why no
+per-client-weight scheme can win there: the 4-layer CNN's plain SGD step already runs at about half the
+core's matrix-multiply peak, so even clients sharing one weight set at m times the batch would save only
+~10%; grouped convolutions (vmap) cost 1.2-1.7x and unfold + batched matmul 1.9-3.5x the plain loop.
+So ``engine: auto`` picks it only on CUDA.
 """
 
 from __future__ import annotations
