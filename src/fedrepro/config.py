@@ -185,6 +185,9 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         need = {"dirichlet": "beta", "pathological": "classes_per_client"}.get(part["kind"])
         if need and need not in part:
             fail(f"settings.{s}.partition", f"kind {part['kind']!r} needs key {need!r}")
+        ood = run_async(study, s)["ood_dataset"]
+        if ood is not None:
+            known(f"settings.{s}.async.ood_dataset", ood, DATASETS, "data set")
         if part.get("pool_test") and kind != "hetero":
             # the other engines test on the test split: pooling it into the clients' data would leak it
             fail(f"settings.{s}.partition.pool_test", "only a `federation: hetero` study tests on the clients' "
@@ -324,7 +327,14 @@ def run_spec(study: dict, setting: str, method: str) -> dict[str, Any]:
         "test_longtail_rho": s.get("test_longtail_rho"),
         "algorithm": m["algorithm"], "hparams": m["hparams"], "weighting": m["weighting"],
         "training": run_training(study, setting, method),
+        # only async studies carry the key, so the specs (and checkpoint digests) of the others are unchanged
+        **({"async": run_async(study, setting)} if study["federation"] == "async" else {}),
     }
+
+
+def run_async(study: dict, setting: str) -> dict[str, Any]:
+    """The asynchronous settings of one run: the study's `async` defaults, overridden by the setting's."""
+    return {**study["async"], **study["settings"][setting].get("async", {})}
 
 
 def run_training(study: dict, setting: str, method: str) -> dict[str, Any]:

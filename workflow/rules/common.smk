@@ -15,6 +15,7 @@ from fedrepro.config import (  # noqa: E402
     grid_runs,
     label_of,
     resolve_config,
+    run_async,
     run_spec,
     spec_digest,
     transfer_runs,
@@ -159,6 +160,13 @@ def published_numbers(wildcards):
     """The paper's published numbers (config/paper/<paper>.csv), if the study names a paper."""
     paper = study_of(wildcards)["paper"]
     return [f"{workflow.basedir}/config/paper/{paper}.csv"] if paper else []
+
+
+def server_data_files(wildcards):
+    """The out-of-domain server data set of an async setting (Feddle), if it names one."""
+    study = study_of(wildcards)
+    ood = run_async(study, wildcards.setting)["ood_dataset"] if study["federation"] == "async" else None
+    return [f"{DATA}/{ood}.npz"] if ood else []
 
 
 def checkpoint_dir(wildcards):

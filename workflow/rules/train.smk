@@ -7,6 +7,7 @@ rule train:
     input:
         data=lambda w: f"{DATA}/{setting_of(w)['dataset']}.npz",
         partitions=partition_files,
+        server_data=server_data_files,
     output:
         f"{RES}/{{study}}/runs/{{setting}}/{{method}}/seeds.json",
     params:

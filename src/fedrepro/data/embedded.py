@@ -103,3 +103,32 @@ def digits_m(raw_dir: Path | None = None) -> Arrays:
     note = (f"{_DIGITS_NOTE}; textures: scikit-learn sample images china.jpg and flower.jpg (Flickr, "
             "CC BY 2.0, see sklearn/datasets/images/README.txt)")
     return xm[tr], y[tr], xm[te], y[te], _meta("digits_m", [SIDE, SIDE, 3], note)
+
+
+PATCH_SEED = 2025
+PATCHES_PER_PHOTO = 600
+PATCH_CLASSES = ["china-dark", "china-bright", "flower-dark", "flower-bright"]
+
+
+def photo_patches(raw_dir: Path | None = None) -> Arrays:
+    """Out-of-domain images with another label set (Feddle's server data at laptop scale): grey 28x28 patches
+    of scikit-learn's two sample photographs at random positions, 600 per photo, labelled by a rule:
+    class = 2 * photo (0 china.jpg, 1 flower.jpg) + (patch mean brightness above that photo's median patch
+    brightness). Grey is ITU-R BT.601 luma; the same fixed stratified 75/25 split rule as `digits`."""
+    rng = np.random.default_rng(PATCH_SEED)
+    xs, ys = [], []
+    for photo_id, photo in enumerate(sample_textures()):
+        grey = photo[..., :3].astype(np.float32) @ np.array([0.299, 0.587, 0.114], dtype=np.float32)
+        tops = rng.integers(0, grey.shape[0] - SIDE + 1, PATCHES_PER_PHOTO)
+        lefts = rng.integers(0, grey.shape[1] - SIDE + 1, PATCHES_PER_PHOTO)
+        patches = np.stack([grey[t:t + SIDE, s:s + SIDE] for t, s in zip(tops, lefts, strict=True)])
+        brightness = patches.mean(axis=(1, 2))
+        xs.append(np.clip(np.rint(patches), 0, 255).astype(np.uint8)[..., None])
+        ys.append(2 * photo_id + (brightness > np.median(brightness)).astype(np.int64))
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    tr, te = split_indices(y)
+    meta = {"name": "photo_patches", "num_classes": len(PATCH_CLASSES), "classes": PATCH_CLASSES,
+            "shape": [SIDE, SIDE, 1], "source": "scikit-learn",
+            "license": "scikit-learn sample images china.jpg and flower.jpg (Flickr, CC BY 2.0, see "
+                       "sklearn/datasets/images/README.txt)"}
+    return x[tr], y[tr], x[te], y[te], meta

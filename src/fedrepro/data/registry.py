@@ -12,7 +12,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from fedrepro.data import domainnet, embedded, feddisco_sets, fedl2g_sets, mnist_m, vision
+from fedrepro.data import domainnet, embedded, feddisco_sets, fedl2g_sets, imagenet_subset, mnist_m, vision
 from fedrepro.data.format import save_prepared
 
 
@@ -49,6 +49,11 @@ def _vision(name: str, prepare: Callable[[Path], tuple[Any, ...]]) -> DatasetSpe
 DATASETS: dict[str, DatasetSpec] = {
     "digits": DatasetSpec("digits", False, None, embedded.digits, None),
     "digits_m": DatasetSpec("digits_m", False, None, embedded.digits_m, None),
+    # Feddle's out-of-domain server data at laptop scale (other images, other labels)
+    "photo_patches": DatasetSpec("photo_patches", False, None, embedded.photo_patches, None),
+    # Feddle's out-of-domain server data at paper scale; downloaded by hand (ImageNet's licence)
+    "imagenet_subset": DatasetSpec("imagenet_subset", True, imagenet_subset.check, imagenet_subset.prepare,
+                                   imagenet_subset.manual_instructions(), imagenet_subset.FILES),
     "mnist": _vision("mnist", vision.prepare_mnist),
     "fashion_mnist": _vision("fashion_mnist", vision.prepare_fashion_mnist),
     "cifar10": _vision("cifar10", vision.prepare_cifar10),

@@ -13,6 +13,7 @@ from typing import Any
 from torch import nn
 
 from fedrepro.models.cnn import SplitModel, cnn4, lenet5, simple_cnn
+from fedrepro.models.conv3 import cnn3, cnn3_small
 from fedrepro.models.resnet import resnet18_gn
 from fedrepro.models.text import textcnn
 
@@ -25,6 +26,8 @@ MODELS: dict[str, Callable[..., SplitModel]] = {
     "cnn4": cnn4,
     "resnet18_gn": resnet18_gn,
     "textcnn": textcnn,
+    "cnn3": cnn3,  # Feddle's from-scratch CNN
+    "cnn3_small": cnn3_small,
 }
 TEXT_MODELS = frozenset({"textcnn"})
 

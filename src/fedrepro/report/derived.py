@@ -1,6 +1,7 @@
 """Per-run numbers a table needs beyond summary.json, derived from the evaluation rows in runs.csv:
-rounds to reach a target accuracy (FedDisco Tables 3/10), a metric at a given round (Table 12) and a per-round
-cost averaged over the run, optionally rescaled (FedL2G Table 3: MB up/down, client/server seconds per round)."""
+rounds to reach a target accuracy (FedDisco Tables 3/10), a metric at a given round (Table 12), a per-round
+cost averaged over the run, optionally rescaled (FedL2G Table 3: MB up/down, client/server seconds per round),
+and the maximum over the last k evaluations (Feddle's reported number)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from fedrepro.report.collect import KEYS
 
 # per-run columns of summary.csv, and of finetune.csv for the fine-tuning tables (source: finetune)
 SUMMARY_METRICS = ("final_acc", "best_acc", "last_k_acc", "target_acc", "best_target_acc")
-LOWER_IS_BETTER = ("rounds_to_", "client_acc_var", "round_bytes_", "client_seconds", "server_seconds")
+LOWER_IS_BETTER = ("rounds_to_", "client_acc_var", "round_bytes_", "client_seconds", "server_seconds",
+                   "server_gflops", "cache_mb")
+LAST_K_MAX = "last_k_max_acc"
 
 
 def metric_key(spec: dict, column: dict) -> str:
@@ -22,7 +25,7 @@ def metric_key(spec: dict, column: dict) -> str:
         if spec.get("target_acc") is None:
             raise ValueError(f"table {spec['name']}: metric rounds_to_acc needs the table's target_acc")
         return f"rounds_to_{spec['target_acc']:g}"
-    if metric in SUMMARY_METRICS:
+    if metric in SUMMARY_METRICS or metric == LAST_K_MAX:
         return metric
     if column.get("reduce") == "mean":
         scale = column.get("scale", 1)
@@ -48,6 +51,11 @@ def at_round(curve: pd.DataFrame, column: str, rnd: int) -> float:
     return float(rows.sort_values("round")[column].iloc[-1]) if len(rows) else math.nan
 
 
+def last_k_max(curve: pd.DataFrame, k: int) -> float:
+    """The maximum test accuracy over the last ``k`` evaluations of a run."""
+    return float(curve.sort_values("round")["test_acc"].iloc[-int(k):].max())
+
+
 def add_derived(spec: dict, summary: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """``summary`` with one more column for every derived metric the table's columns name."""
     keys = {metric_key(spec, c): c for c in spec["columns"]}
@@ -58,10 +66,12 @@ def add_derived(spec: dict, summary: pd.DataFrame, runs: pd.DataFrame) -> pd.Dat
     curves = {key: group for key, group in runs.groupby(KEYS)}
     for key, column in derived.items():
         values = []
-        for run in out[KEYS].itertuples(index=False):
+        for run, last_k in zip(out[KEYS].itertuples(index=False), out["last_k"], strict=True):
             curve = curves.get(tuple(run))
             if curve is None:
                 values.append(math.nan)
+            elif key == LAST_K_MAX:
+                values.append(last_k_max(curve, last_k))
             elif key.startswith("rounds_to_"):
                 values.append(rounds_to(curve, spec["target_acc"]))
             else:

@@ -18,6 +18,7 @@ METRICS = {
     "final_acc": "test accuracy after the last round",
     "best_acc": "best test accuracy over rounds",
     "last_k_acc": "mean test accuracy over the last {k} evaluations",
+    "last_k_max_acc": "maximum test accuracy over the last {k} evaluations",
     "target_acc": "target-domain test accuracy after fine-tuning the pre-trained model",
     "best_target_acc": "best target-domain test accuracy over the fine-tuning epochs",
 }
@@ -175,7 +176,7 @@ def _build_cells(spec: dict, summary: pd.DataFrame, published: pd.DataFrame | No
 def _describe(spec: dict, summary: pd.DataFrame, grid: list[list[_Cell]]) -> str:
     metric = spec["metric"]
     what = METRICS[metric]
-    if metric == "last_k_acc":
+    if metric in ("last_k_acc", "last_k_max_acc"):
         ks = sorted({int(k) for k in summary.get("last_k", pd.Series(dtype=float)).dropna()})
         what = what.format(k=ks[0] if len(ks) == 1 else "k")
     ns = sorted({c.n_runs for line in grid for c in line if c.n_runs})

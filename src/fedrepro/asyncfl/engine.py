@@ -1,0 +1,273 @@
+"""The asynchronous round loop (Feddle's setting): clients report after a delay, the server merges when its
+method says.
+
+Each round: (1) sample ``clients_per_round`` clients among those with no update in flight (a client is not
+re-sampled while its update is in flight) and send them the current global model; each gets a delay of
+round(|x|) rounds, x ~ N(0, delay_sigma^2) (half-normal, as FedBuff's simulation); (2) every update whose delay
+ends this round arrives: the client trains from the model it was sent (possibly many rounds old) with the sync
+engine's local SGD (sim/sync.py ``FederatedRun.train_client``) and reports Delta = w_local - w_start; (3) the
+method (asyncfl/methods/) receives them one by one and ends the round. A delay of 0 arrives in the round it was
+sent, so with every delay 0 the loop is synchronous FL.
+
+Server data: the in-domain set is ``server_samples`` test samples drawn per seed and removed from the test set
+(for every method of the setting, so all are tested on the same samples); the out-of-domain set is another
+data set's train split (other images, other labels). Each method says which one it trains on.
+
+Clients are trained when their update arrives, from a snapshot of the model of their dispatch round (one
+snapshot per round, shared by that round's clients, dropped when the last of them arrives): the same result as
+training at dispatch, with fewer vectors held. Every random draw is a pure function of (seed, purpose, round,
+client) (fedrepro.seeding), so a run resumed from a checkpoint ends with the metrics of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from fedrepro import seeding
+from fedrepro.algorithms.base import Algorithm
+from fedrepro.asyncfl.base import AsyncMethod, Update
+from fedrepro.sim.checkpoint import load_checkpoint, save_checkpoint
+from fedrepro.sim.sync import (
+    _STOP,
+    DIVERGED_LOSS,
+    FederatedRun,
+    Preempted,
+    RunResult,
+    TrainingConfig,
+    _to_device,
+    client_accuracy,
+)
+from fedrepro.sim.tensors import DeviceData, evaluate
+
+# purposes beyond fedrepro.seeding's (1..6) and the heterogeneous engine's (101..105)
+SERVER_SPLIT, OOD_SUBSET = 201, 202
+SERVER_DATA_KINDS = (None, "in_domain", "out_of_domain")
+
+
+@dataclass
+class AsyncConfig:
+    """The asynchronous settings of a run (a study's `async` block, workflow/schemas/study.schema.yaml)."""
+
+    delay_sigma: float = 5.0  # delays round(|x|), x ~ N(0, sigma^2) rounds
+    server_samples: int = 1000  # in-domain server set carved from the test set
+    ood_dataset: str | None = None  # the out-of-domain server data set (its train split)
+    ood_samples: int | None = None  # a seeded subset of it (None: all)
+    measure_cost: bool = False  # log the server's FLOPs and cache size (Table 6)
+
+
+def draw_delay(seed: int, rnd: int, cid: int, sigma: float) -> int:
+    """The delay in rounds of client ``cid`` sent the model in round ``rnd``: round(|x|), x ~ N(0, sigma^2)."""
+    if sigma == 0:
+        return 0
+    return int(round(abs(seeding.rng_for(seed, seeding.DELAYS, rnd, cid).normal(0.0, sigma))))
+
+
+def carve_server_set(n_test: int, n_server: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(server, test) positions in the test set: ``n_server`` drawn per seed, the rest stay the test set."""
+    if not 0 < n_server < n_test:
+        raise ValueError(f"async.server_samples = {n_server} must be between 1 and the test set's size - 1 "
+                         f"({n_test - 1})")
+    perm = seeding.rng_for(seed, SERVER_SPLIT).permutation(n_test)
+    return np.sort(perm[:n_server]), np.sort(perm[n_server:])
+
+
+@dataclass
+class InFlight:
+    """A client's update on its way: sent the model of ``dispatch_round``, arriving in ``arrival``."""
+
+    arrival: int
+    dispatch_round: int
+    cid: int
+
+
+class AsyncRun:
+    """One seed of one asynchronous method on one setting."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        method: AsyncMethod,
+        data: DeviceData,
+        client_indices: list[np.ndarray],
+        training: TrainingConfig,
+        asynchrony: AsyncConfig,
+        seed: int,
+        ood: DeviceData | None = None,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        if method.server_data not in SERVER_DATA_KINDS:
+            raise ValueError(f"{method.name}: server_data {method.server_data!r} is not one of {SERVER_DATA_KINDS}")
+        self.method, self.cfg, self.asyn, self.seed, self.log = method, training, asynchrony, seed, log
+        server_pos, test_pos = carve_server_set(len(data.y_test), asynchrony.server_samples, seed)
+        dev = data.x_test.device
+        server_pos, test_pos = torch.as_tensor(server_pos, device=dev), torch.as_tensor(test_pos, device=dev)
+        self.data = dataclasses.replace(data, x_test=data.x_test[test_pos], y_test=data.y_test[test_pos])
+        # local SGD is the sync engine's (FedAvg's hooks: cross-entropy, upload Delta)
+        self.clients = FederatedRun(model, Algorithm(), self.data, client_indices, training, {"kind": "size"},
+                                    seed, log, engine="sequential")
+        self.flat, self.model, self.w_init = self.clients.flat, model, self.clients.w_init
+        self.num_clients = len(client_indices)
+        self.clients_per_round = max(1, int(round(training.join_ratio * self.num_clients)))
+        self.server_x = self.server_y = None
+        self.server_classes = data.num_classes
+        # the in-domain set, whatever the method trains on: diagnostics compare against it (Feddle's Fig. 7)
+        self.id_x, self.id_y = data.x_test[server_pos], data.y_test[server_pos]
+        if method.server_data == "in_domain":
+            self.server_x, self.server_y = self.id_x, self.id_y
+        elif method.server_data == "out_of_domain":
+            if ood is None:
+                raise ValueError(f"{method.name} trains on out-of-domain server data, but the setting names none: "
+                                 "set async.ood_dataset")
+            x, y = ood.x_train, ood.y_train
+            if asynchrony.ood_samples is not None and asynchrony.ood_samples < len(y):
+                keep = seeding.rng_for(seed, OOD_SUBSET).permutation(len(y))[: asynchrony.ood_samples]
+                keep_t = torch.as_tensor(np.sort(keep), device=y.device)
+                x, y = x[keep_t], y[keep_t]
+            self.server_x, self.server_y, self.server_classes = x, y, ood.num_classes
+        method.setup(self)
+
+    # ----- clients
+    def sample_clients(self, rnd: int, busy: set[int]) -> list[int]:
+        """``clients_per_round`` clients drawn uniformly among those with no update in flight."""
+        free = np.array([c for c in range(self.num_clients) if c not in busy], dtype=np.int64)
+        k = min(self.clients_per_round, len(free))
+        if k == 0:
+            return []
+        return sorted(seeding.rng_for(self.seed, seeding.SAMPLING, rnd).choice(free, k, replace=False).tolist())
+
+    def client_update(self, cid: int, dispatch_round: int, w_start: Tensor, rnd: int) -> tuple[Update, Tensor, int]:
+        """Local training of ``cid`` from ``w_start`` (its batches seeded by its dispatch round)."""
+        upload, loss_sum, seen = self.clients.train_client(cid, dispatch_round, w_start)
+        update = Update(cid=cid, delta=upload["delta"], w_start=w_start, dispatch_round=dispatch_round,
+                        staleness=rnd - dispatch_round, num_samples=len(self.clients.clients[cid]))
+        return update, loss_sum, seen
+
+    # ----- server cost (Table 6)
+    def server_call(self, hook: Callable[..., Tensor | None], *args: object) -> Tensor | None:
+        """Run a server hook; with ``measure_cost``, count its FLOPs (torch.utils.flop_counter: matrix
+        products and convolutions, forward and backward; element-wise vector arithmetic such as FedAvg's
+        weighted sum is not counted by it)."""
+        if not self.asyn.measure_cost:
+            return hook(*args)
+        counter = FlopCounterMode(display=False)
+        with counter:
+            out = hook(*args)
+        self.server_flops += counter.get_total_flops()
+        return out
+
+    def cache_mb(self, w: Tensor) -> float:
+        """What the server holds between rounds, in MB (10^6 bytes): the global model and every tensor of the
+        method's state (FedBuff's buffer, CA2FL's per-client cache, Feddle's atlas)."""
+        return (w.numel() * w.element_size() + _tensor_bytes(self.method.state)) / 1e6
+
+    # ----- the loop
+    def run(self, checkpoint: Path | None = None, fingerprint: str = "") -> RunResult:
+        cfg, method = self.cfg, self.method
+        w = self.w_init.clone()
+        result = RunResult()
+        start_round, bytes_up, bytes_down, seconds = 1, 0, 0, 0.0
+        inflight: list[InFlight] = []
+        snapshots: dict[int, Tensor] = {}
+        resumed = load_checkpoint(checkpoint, fingerprint) if checkpoint else None
+        if resumed is not None:
+            dev = w.device
+            w = resumed["w"].to(dev)
+            method.state = _to_device(resumed["state"], dev)
+            inflight = [InFlight(*entry) for entry in resumed["inflight"]]
+            snapshots = {int(r): v.to(dev) for r, v in resumed["snapshots"].items()}
+            result.history = resumed["history"]
+            result.status, result.diverged_round = resumed["status"], resumed["diverged_round"]
+            start_round = resumed["round"] + 1
+            bytes_up, bytes_down, seconds = resumed["bytes_up"], resumed["bytes_down"], resumed["seconds"]
+            self.log(f"resumed from {checkpoint} after round {resumed['round']}")
+            if result.status == "diverged":
+                return result
+        model_bytes = w.numel() * w.element_size()
+        self.server_flops = resumed.get("server_flops", 0) if resumed is not None else 0
+
+        for rnd in range(start_round, cfg.rounds + 1):
+            t0 = time.perf_counter()
+            torch.manual_seed(seeding.derive_seed(self.seed, seeding.SERVER, rnd))
+            if method.uses_clients:
+                sent = self.sample_clients(rnd, {f.cid for f in inflight})
+                if sent:
+                    snapshots[rnd] = w.clone()
+                    bytes_down += model_bytes * len(sent)
+                for cid in sent:
+                    inflight.append(InFlight(rnd + draw_delay(self.seed, rnd, cid, self.asyn.delay_sigma), rnd, cid))
+            arriving = sorted((f for f in inflight if f.arrival == rnd), key=lambda f: (f.dispatch_round, f.cid))
+            inflight = [f for f in inflight if f.arrival != rnd]
+            self.server_call(method.round_begin, w, rnd)
+            loss_sum = torch.zeros((), device=w.device)
+            seen = 0
+            for f in arriving:
+                update, client_loss, client_seen = self.client_update(
+                    f.cid, f.dispatch_round, snapshots[f.dispatch_round], rnd)
+                bytes_up += update.delta.numel() * update.delta.element_size()
+                loss_sum += client_loss
+                seen += client_seen
+                with torch.no_grad():
+                    w = self.server_call(method.receive, w, update)
+            still_needed = {f.dispatch_round for f in inflight}
+            snapshots = {r: v for r, v in snapshots.items() if r in still_needed}
+            w = self.server_call(method.round_end, w, rnd).detach()
+            train_loss = loss_sum.item() / seen if seen else float("nan")
+            seconds += time.perf_counter() - t0
+            diverged = ((seen > 0 and (not math.isfinite(train_loss) or train_loss > DIVERGED_LOSS))
+                        or not bool(torch.isfinite(w).all()))
+            if diverged or rnd % cfg.eval_every == 0 or rnd == cfg.rounds:
+                self.flat.load(w)
+                acc, test_loss, result.per_class_acc = evaluate(
+                    self.model, self.data.x_test, self.data.y_test, self.data.num_classes)
+                result.history.append(dict(
+                    round=rnd, test_acc=acc, test_loss=test_loss, train_loss=train_loss, bytes_up=bytes_up,
+                    bytes_down=bytes_down, seconds=round(seconds, 4),
+                    **client_accuracy(self.clients.class_counts, result.per_class_acc),
+                    in_flight=len(inflight), arrived=len(arriving), **method.round_metrics(),
+                    **({"server_gflops": self.server_flops / 1e9 / rnd, "cache_mb": self.cache_mb(w)}
+                       if self.asyn.measure_cost else {})))
+                self.log(f"round {rnd}/{cfg.rounds} acc {acc:.2f} loss {test_loss:.4f} arrived {len(arriving)} "
+                         f"in flight {len(inflight)} {seconds:.1f}s")
+            if diverged:
+                result.status, result.diverged_round = "diverged", rnd
+                self.log(f"diverged at round {rnd}: train loss {train_loss}")
+            done = diverged or rnd == cfg.rounds
+            stop = _STOP.is_set() and not done
+            if checkpoint and (done or stop or rnd % cfg.checkpoint_every == 0):
+                save_checkpoint(checkpoint, fingerprint, dict(
+                    round=rnd, w=w.cpu(), state=_to_device(method.state, "cpu"),
+                    inflight=[dataclasses.astuple(f) for f in inflight],
+                    snapshots={r: v.cpu() for r, v in snapshots.items()}, history=result.history,
+                    status=result.status, diverged_round=result.diverged_round,
+                    bytes_up=bytes_up, bytes_down=bytes_down, seconds=seconds, server_flops=self.server_flops,
+                ))
+            if diverged:
+                break
+            if stop:
+                raise Preempted(f"stopped by a signal after round {rnd}" +
+                                (f"; checkpoint {checkpoint}" if checkpoint else " (no checkpoint)"))
+        self.flat.load(w)
+        if result.per_class_acc is None:  # resumed from a finished checkpoint
+            result.per_class_acc = evaluate(self.model, self.data.x_test, self.data.y_test, self.data.num_classes)[2]
+        return result
+
+
+def _tensor_bytes(obj: object) -> int:
+    """Bytes of every tensor in a state tree (tensors in dicts and lists)."""
+    if isinstance(obj, Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0

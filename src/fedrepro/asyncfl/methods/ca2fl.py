@@ -1,0 +1,42 @@
+"""CA2FL (Wang et al., ICLR 2024): FedBuff with cached update calibration. The server caches every client's
+latest update h_i (zero before its first); a buffer period starting at global step t uses
+h^t = (1/N) sum_i h_i (the cache mean at its start), adds Delta_i - h_i for each arriving update (then
+h_i <- Delta_i), and when ``buffer_size`` updates are in steps w <- w + server_lr (h^t + sum(Delta_i - h_i) / K)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from fedrepro.asyncfl.base import AsyncMethod, Update
+
+
+class CA2FL(AsyncMethod):
+    name = "ca2fl"
+
+    def __init__(self, server_lr: float = 1.0, buffer_size: int = 10) -> None:
+        super().__init__()
+        if buffer_size < 1:
+            raise ValueError(f"ca2fl: buffer_size must be >= 1, got {buffer_size}")
+        self.server_lr, self.buffer_size = server_lr, buffer_size
+
+    def receive(self, w: Tensor, update: Update) -> Tensor:
+        s = self.state
+        if "cache" not in s:
+            s.update(cache={}, cache_sum=torch.zeros_like(w), calib=torch.zeros_like(w), count=0, base=None)
+        if s["count"] == 0:  # a buffer period starts: fix the calibration h^t
+            s["base"] = s["cache_sum"] / self.run.num_clients
+        old = s["cache"].get(update.cid)
+        s["calib"] += update.delta if old is None else update.delta - old
+        s["cache_sum"] += update.delta if old is None else update.delta - old
+        s["cache"][update.cid] = update.delta.clone()
+        s["count"] += 1
+        if s["count"] < self.buffer_size:
+            return w
+        w = w + self.server_lr * (s["base"] + s["calib"] / s["count"])
+        s["calib"].zero_()
+        s["count"] = 0
+        return w
+
+    def round_end(self, w: Tensor, rnd: int) -> Tensor:
+        return w

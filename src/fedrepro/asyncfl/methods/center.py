@@ -1,0 +1,25 @@
+"""Center: no federation; the model is trained on the in-domain server data alone (``epochs`` passes in
+round 1, then left as it is, so its curve is flat). No client is ever sampled."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from fedrepro.asyncfl.base import AsyncMethod
+from fedrepro.asyncfl.server_train import train_vector
+
+
+class Center(AsyncMethod):
+    name = "center"
+    uses_clients = False
+
+    def __init__(self, lr: float = 1e-3, epochs: int = 20, batch_size: int = 64, optimizer: str = "adam") -> None:
+        super().__init__()
+        self.server_data = "in_domain"
+        self.lr, self.epochs, self.batch_size, self.optimizer = lr, epochs, batch_size, optimizer
+
+    def round_end(self, w: Tensor, rnd: int) -> Tensor:
+        if rnd != 1:
+            return w
+        return train_vector(self.flat, w, self.server_ce, len(self.run.server_y), self.epochs, self.lr,
+                            self.batch_size, self.server_generator(rnd), self.optimizer)

@@ -1,0 +1,29 @@
+"""FedAsync (Xie et al., 2019): each arriving client model is mixed into the global one at once,
+w <- (1 - alpha_t) w + alpha_t (w_start + Delta), with alpha_t = alpha * (staleness + 1)^(-a) (the
+polynomial staleness function; staleness = rounds since the client was sent its model)."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from fedrepro.asyncfl.base import AsyncMethod, Update
+
+
+def mixing_weight(alpha: float, a: float, staleness: int) -> float:
+    """alpha * (staleness + 1)^(-a)."""
+    return alpha * (staleness + 1.0) ** (-a)
+
+
+class FedAsync(AsyncMethod):
+    name = "fedasync"
+
+    def __init__(self, alpha: float = 0.8, a: float = 0.5) -> None:
+        super().__init__()
+        self.alpha, self.a = alpha, a
+
+    def receive(self, w: Tensor, update: Update) -> Tensor:
+        mix = mixing_weight(self.alpha, self.a, update.staleness)
+        return (1.0 - mix) * w + mix * (update.w_start + update.delta)
+
+    def round_end(self, w: Tensor, rnd: int) -> Tensor:
+        return w

@@ -1,0 +1,53 @@
+"""FedDF (Lin et al., 2020): FedAvg's aggregate of the arrived updates, then distilled from the ensemble of
+the arrived client models (w_start + Delta each) on the server images: the student minimises
+T^2 KL(mean_i softmax(f_i / T) || softmax(f / T)) for ``epochs`` passes (Adam, as FedDF). The server images
+are in-domain or out-of-domain (``server_data``); their labels are never used."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.func import functional_call
+
+from fedrepro.asyncfl.base import AsyncMethod
+from fedrepro.asyncfl.server_train import train_vector
+
+CHUNK = 512  # server images per teacher forward pass
+
+
+class FedDF(AsyncMethod):
+    name = "feddf"
+
+    def __init__(self, server_data: str = "in_domain", lr: float = 1e-3, epochs: int = 1, batch_size: int = 64,
+                 temperature: float = 1.0) -> None:
+        super().__init__()
+        self.server_data = server_data
+        self.lr, self.epochs, self.batch_size, self.temperature = lr, epochs, batch_size, temperature
+
+    @torch.no_grad()
+    def ensemble_probs(self, x: Tensor, teachers: list[Tensor]) -> Tensor:
+        """Mean over ``teachers`` (flat vectors) of softmax(logits / T) on ``x``."""
+        out = None
+        for vec in teachers:
+            params = self.flat.as_params(vec)
+            logits = torch.cat([functional_call(self.model, params, (x[s : s + CHUNK],))
+                                for s in range(0, len(x), CHUNK)])
+            p = F.softmax(logits / self.temperature, dim=1)
+            out = p if out is None else out + p
+        return out / len(teachers)
+
+    def round_end(self, w: Tensor, rnd: int) -> Tensor:
+        if not self._arrived:
+            return w
+        teachers = [u.w_start + u.delta for u in self._arrived]
+        w = super().round_end(w, rnd)
+        x, t = self.run.server_x, self.temperature
+        target = self.ensemble_probs(x, teachers)
+
+        def distill(idx: Tensor) -> Tensor:
+            log_p = F.log_softmax(self.model(x[idx]) / t, dim=1)
+            return F.kl_div(log_p, target[idx], reduction="batchmean") * t * t
+
+        return train_vector(self.flat, w, distill, len(x), self.epochs, self.lr, self.batch_size,
+                            self.server_generator(rnd), "adam")

@@ -1,0 +1,25 @@
+"""Fed+FT: FedAvg's aggregate of the arrived updates, then fine-tuned on the in-domain server data for
+``epochs`` passes, in every round where updates arrived."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from fedrepro.asyncfl.base import AsyncMethod
+from fedrepro.asyncfl.server_train import train_vector
+
+
+class FedFT(AsyncMethod):
+    name = "fedft"
+
+    def __init__(self, lr: float = 1e-3, epochs: int = 1, batch_size: int = 64, optimizer: str = "adam") -> None:
+        super().__init__()
+        self.server_data = "in_domain"
+        self.lr, self.epochs, self.batch_size, self.optimizer = lr, epochs, batch_size, optimizer
+
+    def round_end(self, w: Tensor, rnd: int) -> Tensor:
+        if not self._arrived:
+            return w
+        w = super().round_end(w, rnd)
+        return train_vector(self.flat, w, self.server_ce, len(self.run.server_y), self.epochs, self.lr,
+                            self.batch_size, self.server_generator(rnd), self.optimizer)

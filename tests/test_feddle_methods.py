@@ -1,0 +1,193 @@
+"""Feddle's atlas and coefficient search (App. E gradient, Eq. 5 normalisation, importance replacement) and the
+asynchronous baselines' server rules (FedAsync's staleness weighting, CA2FL's cache)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+from fedrepro.asyncfl.atlas import coefficient_grad, normalize_anchors, replace_slot
+from fedrepro.asyncfl.base import Update
+from fedrepro.asyncfl.engine import AsyncConfig, AsyncRun
+from fedrepro.asyncfl.methods import build_method
+from fedrepro.models import build_model
+from fedrepro.sim.flat import FlatModel
+from fedrepro.sim.sync import TrainingConfig
+from fedrepro.sim.tensors import DeviceData
+
+torch.set_num_threads(1)
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    model = build_model("cnn3_small", (8, 8, 1), 10)
+    return model, FlatModel(model)
+
+
+def update(cid: int, delta: torch.Tensor, w_start=None, staleness: int = 0) -> Update:
+    return Update(cid=cid, delta=delta, w_start=torch.zeros_like(delta) if w_start is None else w_start,
+                  dispatch_round=1, staleness=staleness, num_samples=10)
+
+
+def test_app_e_coefficient_gradient_equals_autograd_through_the_merged_model():
+    model, flat = tiny_model()
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(12, 1, 8, 8, generator=gen), torch.randint(0, 10, (12,), generator=gen)
+    w = flat.w.detach().clone()
+    anchors = 0.1 * torch.randn(5, flat.numel, generator=gen)
+    c = torch.tensor([0.3, -0.2, 0.0, 1.1, 0.5])
+
+    loss, grad = coefficient_grad(flat, w, anchors, c, lambda: F.cross_entropy(model(x), y))
+
+    c_auto = c.clone().requires_grad_(True)
+    merged = w + c_auto @ anchors
+    ref = F.cross_entropy(functional_call(model, flat.as_params(merged), (x,)), y)
+    ref.backward()
+    torch.testing.assert_close(loss, ref.detach())
+    torch.testing.assert_close(grad, c_auto.grad, rtol=1e-4, atol=1e-6)
+    assert anchors.grad is None  # no graph through the anchors
+
+
+def test_normalisation_gives_every_anchor_the_median_norm_and_keeps_directions():
+    anchors = torch.randn(5, 40) * torch.tensor([0.1, 1.0, 3.0, 10.0, 0.5])[:, None]
+    normed, factors = normalize_anchors(anchors)
+    median = anchors.norm(dim=1).median()
+    torch.testing.assert_close(normed.norm(dim=1), median.expand(5))
+    torch.testing.assert_close(F.cosine_similarity(normed, anchors, dim=1), torch.ones(5))
+    torch.testing.assert_close(normed, anchors * factors[:, None])
+
+
+def test_a_full_atlas_replaces_the_anchor_with_the_smallest_abs_coefficient():
+    model, flat = tiny_model()
+    feddle = build_method("feddle", atlas_size=3)
+    feddle.setup(SimpleNamespace(flat=flat, model=model, clients_per_round=5, seed=0))
+    w = flat.w.detach().clone()
+    deltas = [torch.full_like(w, float(i)) for i in range(5)]
+    for i in range(3):
+        feddle.receive(w, update(i, deltas[i]))
+    assert len(feddle.state["anchors"]) == 3
+    feddle.state["scores"] = [0.7, 0.05, 0.3]  # |c| of a search
+    feddle.state["fresh"] = [False] * 3
+    feddle.receive(w, update(3, deltas[3]))
+    assert [a[0].item() for a in feddle.state["anchors"]] == [0.0, 3.0, 2.0]
+    # the new anchor is not yet searched: the next arrival replaces the smallest searched one, not it
+    feddle.receive(w, update(4, deltas[4]))
+    assert [a[0].item() for a in feddle.state["anchors"]] == [0.0, 3.0, 4.0]
+    # FIFO without the importance score
+    assert replace_slot([0.7, 0.05, 0.3], [4, 2, 9], 3, importance=False) == 1
+    assert replace_slot([0.7, 0.05, 0.3], [4, 2, 9], 3, importance=True) == 1
+    assert replace_slot([0.01, 0.05, 0.3], [4, 2, 9], 3, importance=False) == 1
+    assert replace_slot([0.01, 0.05, 0.3], [4, 2, 9], 3, importance=True) == 0
+    assert replace_slot([0.1], [0], 3, importance=True) is None
+
+
+def test_default_atlas_size_is_twice_the_clients_per_round():
+    model, flat = tiny_model()
+    feddle = build_method("feddle")
+    feddle.setup(SimpleNamespace(flat=flat, model=model, clients_per_round=4, seed=0))
+    assert feddle.capacity == 8
+
+
+def test_fedasync_mixes_by_its_staleness_formula():
+    fedasync = build_method("fedasync", alpha=0.6, a=0.5)
+    w = torch.tensor([1.0, 2.0, 3.0])
+    w_start, delta = torch.tensor([0.0, 1.0, 1.0]), torch.tensor([2.0, 2.0, -1.0])
+    out = fedasync.receive(w, update(0, delta, w_start, staleness=3))
+    mix = 0.6 * (3 + 1) ** -0.5  # alpha * (staleness + 1)^(-a) = 0.3
+    torch.testing.assert_close(out, (1 - mix) * w + mix * (w_start + delta))
+    fresh = fedasync.receive(w, update(0, delta, w_start, staleness=0))
+    torch.testing.assert_close(fresh, 0.4 * w + 0.6 * (w_start + delta))
+
+
+def test_ca2fl_caches_each_clients_latest_update_and_calibrates_with_the_cache():
+    ca2fl = build_method("ca2fl", server_lr=1.0, buffer_size=3)
+    ca2fl.setup(SimpleNamespace(flat=None, model=None, num_clients=4, seed=0))
+    w = torch.zeros(2)
+    d = {k: torch.tensor(v) for k, v in {"a1": [1.0, 0.0], "b": [0.0, 2.0], "a2": [3.0, 3.0],
+                                         "c": [1.0, 1.0], "a3": [-1.0, 0.0], "b2": [0.0, 1.0]}.items()}
+    w = ca2fl.receive(w, update(1, d["a1"]))
+    w = ca2fl.receive(w, update(2, d["b"]))
+    w = ca2fl.receive(w, update(1, d["a2"]))  # buffer full: h^t = 0 (empty cache at the period's start)
+    # v = 0 + ((a1 - 0) + (b - 0) + (a2 - a1)) / 3
+    torch.testing.assert_close(w, (d["b"] + d["a2"]) / 3)
+    assert set(ca2fl.state["cache"]) == {1, 2}
+    torch.testing.assert_close(ca2fl.state["cache"][1], d["a2"])
+    torch.testing.assert_close(ca2fl.state["cache"][2], d["b"])
+    w_before = w.clone()
+    w = ca2fl.receive(w, update(3, d["c"]))
+    w = ca2fl.receive(w, update(1, d["a3"]))
+    w = ca2fl.receive(w, update(2, d["b2"]))
+    h = (d["a2"] + d["b"]) / 4  # cache mean over all 4 clients at the second period's start
+    calib = (d["c"] + (d["a3"] - d["a2"]) + (d["b2"] - d["b"])) / 3
+    torch.testing.assert_close(w, w_before + h + calib)
+    torch.testing.assert_close(ca2fl.state["cache"][1], d["a3"])
+    torch.testing.assert_close(ca2fl.state["cache"][3], d["c"])
+    torch.testing.assert_close(ca2fl.state["cache_sum"], sum(ca2fl.state["cache"].values()))
+
+
+def test_feddle_ood_searches_with_a_fresh_head_for_other_labels(digits_prepared):
+    from fedrepro.sim.tensors import to_device_data
+
+    data = to_device_data(digits_prepared, torch.device("cpu"), image_size=8)
+    data = dataclasses.replace(data, x_train=data.x_train[:200], y_train=data.y_train[:200],
+                               x_test=data.x_test[:150], y_test=data.y_test[:150])
+    gen = torch.Generator().manual_seed(0)
+    ood = DeviceData(x_train=torch.randn(60, 1, 8, 8, generator=gen), y_train=torch.randint(0, 3, (60,), generator=gen),
+                     x_test=torch.zeros(0, 1, 8, 8), y_test=torch.zeros(0, dtype=torch.long), num_classes=3)
+    torch.manual_seed(0)
+    model = build_model("cnn3_small", data.shape, 10)
+    parts = [torch.arange(i, 200, 5).numpy() for i in range(5)]
+    run = AsyncRun(model, build_method("feddle", server_data="out_of_domain", fallback_lambda=0.01, lr=0.01),
+                   data, parts, TrainingConfig(rounds=2, batch_size=16, lr=0.05, join_ratio=0.4),
+                   AsyncConfig(delay_sigma=0.0, server_samples=50), seed=0, ood=ood, log=lambda m: None)
+    assert run.server_classes == 3 and len(run.server_y) == 60
+    result = run.run()
+    row = result.history[-1]
+    assert row["atlas"] == 4.0 and all(math.isfinite(row[k]) for k in ("coef_mean", "coef_min", "coef_max"))
+    assert model.head.out_features == 10  # the client model keeps its own head
+
+
+@pytest.mark.parametrize("name", ["fedft", "hfcl", "feddf", "center"])
+def test_server_data_methods_run(name, digits_prepared):
+    from fedrepro.sim.tensors import to_device_data
+
+    data = to_device_data(digits_prepared, torch.device("cpu"), image_size=8)
+    data = dataclasses.replace(data, x_train=data.x_train[:200], y_train=data.y_train[:200],
+                               x_test=data.x_test[:150], y_test=data.y_test[:150])
+    torch.manual_seed(0)
+    model = build_model("cnn3_small", data.shape, 10)
+    parts = [torch.arange(i, 200, 5).numpy() for i in range(5)]
+    run = AsyncRun(model, build_method(name), data, parts, TrainingConfig(rounds=3, batch_size=16, lr=0.05,
+                   join_ratio=0.4), AsyncConfig(delay_sigma=1.0, server_samples=50), seed=0, log=lambda m: None)
+    w0 = run.w_init.clone()
+    run.run()
+    assert torch.isfinite(run.flat.w).all() and not torch.equal(run.flat.w, w0)
+
+
+def test_gradient_cosine_is_one_in_domain_and_a_cosine_out_of_domain(digits_prepared):
+    from fedrepro.sim.tensors import to_device_data
+
+    data = to_device_data(digits_prepared, torch.device("cpu"), image_size=8)
+    data = dataclasses.replace(data, x_train=data.x_train[:200], y_train=data.y_train[:200],
+                               x_test=data.x_test[:150], y_test=data.y_test[:150])
+    gen = torch.Generator().manual_seed(0)
+    ood = DeviceData(x_train=torch.randn(60, 1, 8, 8, generator=gen), y_train=torch.randint(0, 3, (60,), generator=gen),
+                     x_test=torch.zeros(0, 1, 8, 8), y_test=torch.zeros(0, dtype=torch.long), num_classes=3)
+    rows = {}
+    for kind in ("in_domain", "out_of_domain"):
+        torch.manual_seed(0)
+        model = build_model("cnn3_small", data.shape, 10)
+        parts = [torch.arange(i, 200, 5).numpy() for i in range(5)]
+        run = AsyncRun(model, build_method("feddle", server_data=kind, grad_cosine=True, lr=0.01), data, parts,
+                       TrainingConfig(rounds=2, batch_size=16, lr=0.05, join_ratio=0.4),
+                       AsyncConfig(delay_sigma=0.0, server_samples=50), seed=0, ood=ood, log=lambda m: None)
+        rows[kind] = run.run().history[-1]["coef_grad_cos"]
+    # in-domain, the search's loss is the in-domain cross-entropy itself (on a reshuffled subset of the same set)
+    assert rows["in_domain"] == pytest.approx(1.0, abs=1e-5)
+    assert -1.0 <= rows["out_of_domain"] < 0.999

@@ -1,0 +1,92 @@
+"""A `federation: async` study from config to metrics: its `async` keys reach the run spec (and only async
+specs carry them), bad server data sets are config errors, the train job runs with out-of-domain server data,
+and tables can show the maximum of the last k evaluations (Feddle's reported number)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from fedrepro.config import ConfigError, resolve_config, run_spec
+from fedrepro.data.registry import prepare_dataset
+from fedrepro.partition import make_partition, partition_stats, save_partition
+from fedrepro.pipeline import train
+from fedrepro.report.derived import add_derived
+
+torch.set_num_threads(1)
+
+STUDY = {
+    "federation": "async",
+    "seeds": [0],
+    "defaults": {"rounds": 4, "batch_size": 16, "lr": 0.05, "join_ratio": 0.4, "eval_every": 2, "last_k": 2},
+    "async": {"server_samples": 40, "ood_dataset": "photo_patches", "ood_samples": 60},
+    "settings": {
+        "n3": {"dataset": "digits", "image_size": 8, "model": "cnn3_small",
+               "partition": {"kind": "dirichlet", "clients": 5, "beta": 0.5}, "async": {"delay_sigma": 3}},
+    },
+    "methods": {
+        "feddle-ood": {"algorithm": "feddle", "hparams": {"server_data": "out_of_domain", "fallback_lambda": 0.01,
+                                                          "batch_size": 30, "head_epochs": 2}},
+        "fedbuff": {"algorithm": "fedbuff", "hparams": {"buffer_size": 2}},
+    },
+    "grid": [{"settings": ["n3"], "methods": ["feddle-ood", "fedbuff"]}],
+}
+
+
+def resolved(study=STUDY):
+    return resolve_config({"studies": {"t": copy.deepcopy(study)}})["studies"]["t"]
+
+
+def test_async_keys_reach_the_run_spec_with_defaults_and_setting_overrides():
+    spec = run_spec(resolved(), "n3", "fedbuff")
+    assert spec["async"] == {"delay_sigma": 3, "server_samples": 40, "ood_dataset": "photo_patches", "ood_samples": 60,
+                             "measure_cost": False}
+    bare = {**STUDY, "async": {}}
+    assert run_spec(resolved(bare), "n3", "fedbuff")["async"] == {
+        "delay_sigma": 3, "server_samples": 1000, "ood_dataset": None, "ood_samples": None, "measure_cost": False}
+    sync = {**STUDY, "federation": "sync", "async": {},
+            "methods": {"fedavg": {"algorithm": "fedavg"}}, "grid": [{"settings": ["n3"], "methods": ["fedavg"]}]}
+    assert "async" not in run_spec(resolved(sync), "n3", "fedavg")  # sync digests stay as they were
+
+
+def test_an_unknown_out_of_domain_data_set_is_a_config_error():
+    bad = {**STUDY, "async": {"ood_dataset": "imagenet_subsett"}}
+    with pytest.raises(ConfigError, match=r"settings\.n3\.async\.ood_dataset.*did you mean 'imagenet_subset'"):
+        resolved(bad)
+    with pytest.raises(ConfigError, match="delay_sigma"):
+        resolved({**STUDY, "async": {"delay_sigma": -1}})
+
+
+def test_last_k_max_is_the_maximum_of_the_last_k_evaluations():
+    runs = pd.DataFrame({"study": "t", "setting": "n3", "method": "m", "seed": 0, "round": [2, 4, 6, 8],
+                         "test_acc": [50.0, 70.0, 40.0, 45.0]})
+    summary = pd.DataFrame({"study": ["t"], "setting": ["n3"], "method": ["m"], "seed": [0], "last_k": [2]})
+    spec = {"name": "x", "metric": "last_k_max_acc", "columns": [{"setting": "n3"}]}
+    assert add_derived(spec, summary, runs)["last_k_max_acc"].tolist() == [45.0]
+    summary["last_k"] = 3
+    assert add_derived(spec, summary, runs)["last_k_max_acc"].tolist() == [70.0]
+
+
+def test_the_train_job_runs_with_out_of_domain_server_data(tmp_path):
+    study = resolved()
+    for name in ("digits", "photo_patches"):
+        prepare_dataset(name, tmp_path / f"{name}.npz")
+    labels = np.load(tmp_path / "digits.npz")["y_train"]
+    setting = study["settings"]["n3"]["partition"]
+    parts = make_partition(labels, setting, 0)
+    save_partition(tmp_path / "seed0.npz", parts, partition_stats(parts, labels, 10), setting)
+    for method in ("feddle-ood", "fedbuff"):
+        index = tmp_path / "runs" / method / "seeds.json"
+        train(run_spec(study, "n3", method), tmp_path / "digits.npz", [tmp_path / "seed0.npz"], [0], index,
+              tmp_path / "ckpt" / method, "cpu", 1, log=lambda m: None)
+        assert json.loads(index.read_text())["runs"] == [{"seed": 0, "dir": "seed0", "status": "complete"}]
+    metrics = pd.read_csv(tmp_path / "runs" / "feddle-ood" / "seed0" / "metrics.csv")
+    assert metrics["round"].tolist() == [2, 4]
+    assert {"coef_mean", "coef_neg_frac", "in_flight", "arrived"} <= set(metrics.columns)
+    summary = json.loads((tmp_path / "runs" / "feddle-ood" / "seed0" / "summary.json").read_text())
+    assert summary["config"]["async"]["ood_dataset"] == "photo_patches"
