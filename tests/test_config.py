@@ -29,7 +29,7 @@ def test_embedded_config_resolves_with_defaults(config):
     assert spec["hparams"] == {"mu": 0.01}
     assert spec["weighting"] == {"kind": "size"}  # a schema default
     assert spec["training"]["join_ratio"] == 1.0  # a schema default
-    assert spec["training"]["local_epochs"] == 2  # the study's value
+    assert spec["training"]["batch_size"] == 16  # the study's value (the schema default is 64)
     assert resolved["device"] == "auto" and resolved["train_resources"]["gpu"] == 0
 
 
