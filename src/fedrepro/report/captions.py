@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+from fedrepro.report.quantities import QUANTITIES
 from fedrepro.report.scorecard import accuracy_summary
 
 SCALES = {
@@ -33,9 +34,7 @@ KINDS = {
     "tsne": "a t-SNE of the server's per-class vectors (diamonds) among the clients' own representations of "
             "their test samples (circles, at most 10 per class and client), one colour per class, seed {seed}",
 }
-Y_WORDS = {"test_acc": "test accuracy", "train_acc": "train accuracy", "test_loss": "test loss",
-           "train_loss": "train loss", "jac_norm": "global Jacobian norm", "jac_var": "cross-client Jacobian "
-           "variance", "guide_norm": "guide norm", "train_ce": "clients' cross-entropy loss on their training data"}
+Y_WORDS = QUANTITIES
 
 
 def rst_escape(text: str) -> str:

@@ -18,23 +18,10 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from fedrepro.io import atomic_write
+from fedrepro.report.quantities import QUANTITIES
 from fedrepro.report.style import FIGURE_RC, method_dashes, method_palette
 
-AXIS_LABELS = {
-    "round": "communication round",
-    "test_acc": "test accuracy (%)",
-    "test_loss": "test loss",
-    "train_loss": "train loss",
-    "bytes_up": "bytes uploaded (cumulative)",
-    "bytes_down": "bytes downloaded (cumulative)",
-    "seconds": "wall-clock seconds (cumulative)",
-    "epoch": "fine-tuning epoch",
-    "train_acc": "train accuracy (%)",
-    "jac_norm": "global Jacobian norm ||mean_k J_k||",
-    "jac_var": "cross-client Jacobian variance σ²",
-    "guide_norm": "guide norm γ",
-    "train_ce": "clients' cross-entropy loss (train)",
-}
+AXIS_LABELS = QUANTITIES
 BANDS = {
     "sd": ("sd", "band: ±1 sd over seeds"),
     "ci": (("ci", 95), "band: 95% bootstrap CI over seeds"),
