@@ -85,7 +85,7 @@ def test_deterministic_given_seed() -> None:
 
 
 def test_unknown_model_lists_names() -> None:
-    with pytest.raises(ValueError, match="cnn4, lenet5, resnet18_gn, simple_cnn"):
+    with pytest.raises(ValueError, match="cnn4, lenet5, resnet18_gn, resnet18_imagenet, simple_cnn"):
         build_model("vgg", (32, 32, 3), 10)
 
 
