@@ -294,7 +294,7 @@ def read_celeba_attribute(path: Path, attribute: str = CELEBA_ATTRIBUTE) -> dict
     col = names.index(attribute) + 1
     values: dict[str, int] = {}
     for i, row in enumerate(lines[2:], start=3):
-        if len(row) != len(names) + 1 or row[col] not in ("1", "-1"):
+        if len(row) != len(names) + 1 or not all(v in ("1", "-1") for v in row[1:]):
             raise ValueError(f"{path} line {i}: expected an image name and {len(names)} values of 1 or -1, got {row}")
         values[row[0]] = int(row[col] == "1")
     if len(values) != int(lines[0][0]):
