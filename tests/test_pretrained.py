@@ -252,3 +252,50 @@ def test_fedavg_round_changes_only_lora_and_head(digits_prepared) -> None:
     trainable_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     last = result.history[-1]
     assert last["bytes_up"] == last["bytes_down"] == 2 * 4 * trainable_bytes  # 2 rounds x 4 clients, no delay
+
+
+# ---------------------------------------------------------------- the train jobs pass the weights on
+
+
+@pytest.mark.parametrize("federation", ["async", "sync"])
+def test_train_job_builds_the_model_with_the_specs_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           federation: str) -> None:
+    """The workflow puts the weights file into the run spec (workflow/rules/common.smk: train_spec); the job
+    hands it to build_model. A recording stand-in builds the small CNN, so the job stays seconds long."""
+    import copy
+
+    from fedrepro import models
+    from fedrepro.asyncfl import job
+    from fedrepro.config import resolve_config, run_spec
+    from fedrepro.data.registry import prepare_dataset
+    from fedrepro.partition import make_partition, partition_stats, save_partition
+    from fedrepro.pipeline import train
+
+    seen: list[object] = []
+
+    def recording(name, shape, num_classes, weights=None, **kwargs):
+        seen.append((name, weights))
+        return models.build_model("cnn3_small", shape, num_classes, **kwargs)
+
+    module = job if federation == "async" else importlib.import_module("fedrepro.train")
+    monkeypatch.setattr(module, "build_model", recording)
+    study = {
+        "federation": federation, "seeds": [0],
+        "defaults": {"rounds": 1, "batch_size": 64, "lr": 0.05, "join_ratio": 0.5, "eval_every": 1},
+        "settings": {"s": {"dataset": "digits", "image_size": 8, "model": "vit_b16_lora",
+                           "partition": {"kind": "iid", "clients": 4}}},
+        "methods": {"fedavg": {"algorithm": "fedavg"}},
+        "grid": [{"settings": ["s"], "methods": ["fedavg"]}],
+    }
+    if federation == "async":
+        study["async"] = {"server_samples": 20}
+    study = resolve_config({"studies": {"t": copy.deepcopy(study)}})["studies"]["t"]
+    prepare_dataset("digits", tmp_path / "digits.npz")
+    labels = np.load(tmp_path / "digits.npz")["y_train"]
+    partition = study["settings"]["s"]["partition"]
+    parts = make_partition(labels, partition, 0)
+    save_partition(tmp_path / "seed0.npz", parts, partition_stats(parts, labels, 10), partition)
+    spec = {**run_spec(study, "s", "fedavg"), "weights": "resources/weights/vit_b_16-c867db91.pth"}
+    train(spec, tmp_path / "digits.npz", [tmp_path / "seed0.npz"], [0], tmp_path / "runs" / "seeds.json",
+          tmp_path / "ckpt", "cpu", 1, log=lambda m: None)
+    assert seen == [("vit_b16_lora", "resources/weights/vit_b_16-c867db91.pth")]
