@@ -299,3 +299,28 @@ def test_train_job_builds_the_model_with_the_specs_weights(tmp_path: Path, monke
     train(spec, tmp_path / "digits.npz", [tmp_path / "seed0.npz"], [0], tmp_path / "runs" / "seeds.json",
           tmp_path / "ckpt", "cpu", 1, log=lambda m: None)
     assert seen == [("vit_b16_lora", "resources/weights/vit_b_16-c867db91.pth")]
+
+
+def test_download_weights_rule_uses_the_configured_mirror(tmp_path: Path, server: FileServer) -> None:  # noqa: F811
+    """The rule asks the `mirrors:` entry of the weights name; bytes that do not match the sha256 prefix in
+    torchvision's name fail the job, quarantined, with the file named in the rule's log."""
+    import subprocess
+    import sys
+
+    import yaml
+    from conftest import REPO
+
+    name = "resnet18-f37072fd"
+    server.files[f"lab/{name}.pth"] = fake_weights()[1]
+    config = tmp_path / "mirror.yaml"
+    config.write_text(yaml.safe_dump({"mirrors": {name: server.url + "lab"}, "weights_dir": "weights"}))
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "1",
+                           "--directory", str(tmp_path), f"weights/{name}.pth",
+                           "--configfile", str(REPO / "config" / "config.yaml"), str(config)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert server.requests == [f"lab/{name}.pth"]
+    log = (tmp_path / "weights" / "logs" / f"{name}.log").read_text()
+    assert f"sha256 mismatch for {name}.pth" in log and "expected a sha256 starting f37072fd" in log
+    assert (tmp_path / "weights" / f"{name}.pth.corrupt").exists()
+    assert not (tmp_path / "weights" / f"{name}.pth").exists()
