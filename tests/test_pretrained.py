@@ -23,7 +23,7 @@ from test_data import FileServer, _no_retry_wait, server  # noqa: F401 (fixtures
 from torch import nn
 
 from fedrepro.asyncfl.engine import AsyncConfig, AsyncRun
-from fedrepro.asyncfl.methods import build_method
+from fedrepro.asyncfl.methods import METHODS, build_method, hyperparameters
 from fedrepro.data import weights as wmod
 from fedrepro.data.download import ChecksumError
 from fedrepro.models import PRETRAINED_MODELS, build_model
@@ -191,6 +191,11 @@ def test_grey_input_and_bad_weights(saved: dict, tmp_path: Path) -> None:
         build_model("cnn3", (32, 32, 3), 10, weights=path)
     with pytest.raises(ValueError, match="1 or 3 channels"):
         build_model("vit_b16_lora", (32, 32, 4), 10)
+    vit_path, vit_ref = saved["vit_b16_lora"]
+    small = build_model("vit_b16_lora", (32, 32, 3), 5, weights=vit_path, input_size=32)
+    vit = small.body[1]  # other input sizes: the position embeddings interpolated to 2x2 patches + class token
+    assert vit.encoder.pos_embedding.shape == (1, 5, 768) and torch.equal(vit.class_token, vit_ref.class_token)
+    assert torch.equal(vit.encoder.ln.weight, vit_ref.encoder.ln.weight)
 
 
 # ---------------------------------------------------------------- frozen parameters in the engine
@@ -252,6 +257,26 @@ def test_fedavg_round_changes_only_lora_and_head(digits_prepared) -> None:
     trainable_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     last = result.history[-1]
     assert last["bytes_up"] == last["bytes_down"] == 2 * 4 * trainable_bytes  # 2 rounds x 4 clients, no delay
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_async_method_leaves_a_frozen_backbone_untouched(digits_prepared, method: str) -> None:
+    """Server-side training (Center, Fed+FT, HFCL, FedDF, Feddle's search and head) goes through the same flat
+    vector: with delays, weight decay and in-domain server data, no method moves a frozen weight."""
+    data = to_device_data(digits_prepared, torch.device("cpu"), image_size=8)
+    data = dataclasses.replace(data, x_train=data.x_train[:200], y_train=data.y_train[:200],
+                               x_test=data.x_test[:100], y_test=data.y_test[:100])
+    model = lora_model(data.num_classes)
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    hparams = {"server_data": "in_domain"} if "server_data" in hyperparameters(method) else {}
+    cfg = TrainingConfig(rounds=3, local_epochs=1, batch_size=16, lr=0.1, weight_decay=0.01, join_ratio=0.5,
+                         eval_every=1)
+    run = AsyncRun(model, build_method(method, **hparams), data, [np.arange(i, 200, 4) for i in range(4)], cfg,
+                   AsyncConfig(delay_sigma=1.0, server_samples=20), seed=0, log=lambda m: None)
+    result = run.run()
+    assert result.status == "complete" and len(result.history) == 3
+    params = dict(model.named_parameters())
+    assert all(torch.equal(params[n], v) for n, v in frozen.items())
 
 
 # ---------------------------------------------------------------- the train jobs pass the weights on
