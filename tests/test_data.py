@@ -279,7 +279,8 @@ def test_save_rejects_inconsistent_arrays(tmp_path: Path, built: dict[str, tuple
 def test_registry_prepares_embedded_and_rejects_unknown(tmp_path: Path) -> None:
     meta = prepare_dataset("digits", tmp_path / "d" / "digits.npz")
     assert load_prepared(tmp_path / "d" / "digits.npz").meta == meta
-    with pytest.raises(ValueError, match="known: ag_news, cifar10, cifar100, cinic10, digits, digits_m, domainnet"):
+    with pytest.raises(ValueError, match="known: ag_news, celeba_smiling, cifar10, cifar100, cifar100_coarse, "
+                                         "cinic10, digits, digits_m, domainnet"):
         prepare_dataset("imagenet", tmp_path / "x.npz")
     with pytest.raises(ValueError, match="pass raw_dir"):
         prepare_dataset("mnist", tmp_path / "x.npz")

@@ -6,9 +6,12 @@ import pytest
 import torch
 from torch import nn
 
-from fedrepro.models import MODELS, TEXT_MODELS, build_model
+from fedrepro.models import MODELS, PRETRAINED_MODELS, TEXT_MODELS, build_model
 
 SHAPES = [(28, 28, 1), (32, 32, 3)]
+# the zoo's own models; Feddle's pretrained torchvision models (BatchNorm, frozen parts, 224x224 inside) are
+# tested in tests/test_pretrained.py
+ZOO = sorted(set(MODELS) - TEXT_MODELS - PRETRAINED_MODELS)
 
 
 def n_params(model: nn.Module) -> int:
@@ -16,7 +19,7 @@ def n_params(model: nn.Module) -> int:
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("name", sorted(set(MODELS) - TEXT_MODELS))
+@pytest.mark.parametrize("name", ZOO)
 def test_forward_backward(name: str, shape: tuple[int, int, int]) -> None:
     torch.manual_seed(0)
     model = build_model(name, shape, num_classes=7)
@@ -34,7 +37,7 @@ def test_forward_backward(name: str, shape: tuple[int, int, int]) -> None:
     assert any(p.grad.abs().sum() > 0 for p in model.body.parameters())
 
 
-@pytest.mark.parametrize("name", sorted(set(MODELS) - TEXT_MODELS))
+@pytest.mark.parametrize("name", ZOO)
 def test_no_batchnorm_no_dropout(name: str) -> None:
     model = build_model(name, (32, 32, 3), 10)
     banned = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
@@ -73,7 +76,7 @@ def test_resnet18_gn() -> None:
 
 
 def test_deterministic_given_seed() -> None:
-    for name in sorted(set(MODELS) - TEXT_MODELS):
+    for name in ZOO:
         torch.manual_seed(7)
         a = build_model(name, (28, 28, 1), 10)
         torch.manual_seed(7)
@@ -82,7 +85,7 @@ def test_deterministic_given_seed() -> None:
 
 
 def test_unknown_model_lists_names() -> None:
-    with pytest.raises(ValueError, match="cnn4, lenet5, resnet18_gn, simple_cnn"):
+    with pytest.raises(ValueError, match="cnn4, lenet5, resnet18_gn, resnet18_imagenet, simple_cnn"):
         build_model("vgg", (32, 32, 3), 10)
 
 

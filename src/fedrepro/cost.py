@@ -34,6 +34,11 @@ DATASETS = {
     "ham10000": (9805, (56, 56, 3), 7), "ag_news": (120000, (64,), 4),
     "mnist_m": (60000, (28, 28, 3), 10),
     "flowers102": (2040, (32, 32, 3), 102), "tiny_imagenet": (100000, (32, 32, 3), 200),
+    # Feddle: CIFAR-100 under its 20 superclasses; FEMNIST and CelebA keep 1000 writers / people with 90% of
+    # each one's samples for training (data/feddle_sets.py), so their sizes are estimates: ~165 samples of
+    # the first 40 classes per NIST writer, ~21 images per CelebA person with >= 5
+    "cifar100_coarse": (50000, (32, 32, 3), 20),
+    "femnist": (150000, (28, 28, 1), 40), "celeba_smiling": (19000, (32, 32, 3), 2),
 }
 # test-split sizes, for partitions that pool train and test (`pool_test`, FedL2G)
 TEST_SIZES = {"digits": 360, "cifar10": 10000, "cifar100": 10000, "flowers102": 6149, "tiny_imagenet": 10000}

@@ -2,7 +2,8 @@
 
 Every scheme takes integer labels ``[N]`` and a ``numpy.random.Generator`` and returns one sorted int64
 index array per client. Unless a scheme says otherwise, every sample index appears in exactly one client;
-``niid2`` and ``imbalance`` leave some samples in no client (``partition_stats`` reports them as dropped).
+``niid2`` and ``imbalance`` leave some samples in no client (``partition_stats`` reports them as dropped),
+as does ``writer`` when it draws fewer writers than the data set has.
 A new scheme is one function plus one entry in ``PARTITIONERS``.
 """
 
@@ -32,6 +33,7 @@ __all__ = [
     "partition_stats",
     "pathological_partition",
     "save_partition",
+    "writer_partition",
 ]
 
 
@@ -404,15 +406,44 @@ def domain_partition(domain_sizes: list[int], n_clients: int) -> list[np.ndarray
     return _finish([np.arange(bounds[i], bounds[i + 1]) for i in range(len(domain_sizes))])
 
 
-def make_partition(labels: np.ndarray, spec: dict, seed: int, meta: dict | None = None) -> list[np.ndarray]:
+def writer_partition(groups: np.ndarray, n_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """One client per writer (FEMNIST) or person (CelebA), LEAF's natural split: ``groups[i]`` is the id of
+    sample i's writer. With as many clients as writers every writer is a client, in id order; with fewer,
+    ``n_clients`` writers are drawn from ``rng`` without replacement (in id order too) and the others'
+    samples are in no client (the paper's "randomly sample 1000 clients")."""
+    groups = _check_inputs(groups, n_clients)
+    if len(groups) and groups.min() < 0:
+        raise ValueError(f"writer ids must be >= 0, got {groups.min()}")
+    ids = np.unique(groups)
+    if n_clients > len(ids):
+        raise ValueError(f"partition kind 'writer': clients ({n_clients}) exceeds the data set's "
+                         f"{len(ids)} writers")
+    chosen = ids if n_clients == len(ids) else np.sort(rng.choice(ids, n_clients, replace=False))
+    order = np.argsort(groups, kind="stable")  # sample indices grouped by writer id, ascending
+    starts = np.searchsorted(groups[order], chosen, side="left")
+    ends = np.searchsorted(groups[order], chosen, side="right")
+    return _finish([order[a:b] for a, b in zip(starts, ends, strict=True)])
+
+
+def make_partition(labels: np.ndarray, spec: dict, seed: int, meta: dict | None = None,
+                   groups: np.ndarray | None = None) -> list[np.ndarray]:
     """Partition ``labels`` as ``spec["kind"]`` says, driven by ``np.random.default_rng(seed)``; kind
-    ``domain`` reads the domains' sizes from the data set's ``meta``."""
+    ``domain`` reads the domains' sizes from the data set's ``meta``, kind ``writer`` the per-sample writer
+    ids ``groups`` (the prepared data set's ``groups_train``)."""
     kind = spec.get("kind")
     if kind == "domain":
         if not meta or "domain_sizes_train" not in meta:
             raise ValueError("partition kind 'domain' needs a multi-domain data set (meta domain_sizes_train)")
         return domain_partition(meta["domain_sizes_train"], _require(spec, "clients"))
+    if kind == "writer":
+        if groups is None:
+            name = (meta or {}).get("name", "this data set")
+            raise ValueError(f"partition kind 'writer' needs a writer/person per sample (array groups_train), "
+                             f"which {name} lacks; femnist and celeba_smiling have one")
+        if len(groups) != len(labels):
+            raise ValueError(f"partition kind 'writer': {len(groups)} writer ids for {len(labels)} samples")
+        return writer_partition(groups, _require(spec, "clients"), np.random.default_rng(seed))
     if kind not in PARTITIONERS:
-        known = ", ".join(sorted([*PARTITIONERS, "domain"]))
+        known = ", ".join(sorted([*PARTITIONERS, "domain", "writer"]))
         raise ValueError(f"unknown partition kind {kind!r}; known kinds: {known}")
     return PARTITIONERS[kind](labels, spec, np.random.default_rng(seed))

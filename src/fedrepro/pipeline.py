@@ -12,6 +12,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 
 @contextmanager
@@ -63,13 +64,27 @@ def partition(data: Path, spec: dict, seeds: list[int], outs: list[Path], log: C
 
     from fedrepro.partition import make_partition, partition_stats, save_partition
 
+    def column(f: Any, train_key: str, test_key: str) -> Any:
+        if train_key not in f.files:
+            return None
+        if not spec.get("pool_test"):
+            return f[train_key]
+        if test_key not in f.files:
+            raise ValueError(f"{data}: has {train_key} but no {test_key}, which pool_test needs")
+        # PFLlib/HtFLlib's generators: train and test together, clients re-split
+        return np.concatenate([f[train_key], f[test_key]])
+
     with np.load(data) as f:
-        labels, meta = f["y_train"], json.loads(str(f["meta"]))
-        if spec.get("pool_test"):  # PFLlib/HtFLlib's generators: train and test together, clients re-split
-            labels = np.concatenate([labels, f["y_test"]])
+        meta = json.loads(str(f["meta"]))
+        labels = column(f, "y_train", "y_test")
+        # CIFAR-100 under its 20 superclasses is split over the 100 fine labels (Feddle); the stats below
+        # still count the training labels, the ones the clients learn
+        drawn_over = column(f, "partition_labels_train", "partition_labels_test")
+        groups = column(f, "groups_train", "groups_test")  # writer / person ids (kind writer)
     for seed, out in zip(seeds, outs, strict=True):
-        parts = make_partition(labels, spec, seed, meta)
+        parts = make_partition(labels if drawn_over is None else drawn_over, spec, seed, meta, groups=groups)
         stats = partition_stats(parts, labels, meta["num_classes"])
+        stats["partitioned_by"] = "y_train" if drawn_over is None else "partition_labels_train"
         save_partition(out, parts, stats, spec)
         log(f"seed {seed}: {len(parts)} clients, sizes {min(stats['sizes'])}..{max(stats['sizes'])} -> {out}")
 

@@ -160,7 +160,8 @@ def train_job(
     training = TrainingConfig(**spec["training"])
 
     def build(seed: int, parts: list[np.ndarray], data: DeviceData, log: Callable[[str], None]) -> FederatedRun:
-        model = build_model(spec["model"], data.shape, data.num_classes, **data.model_kwargs)
+        model = build_model(spec["model"], data.shape, data.num_classes, weights=spec.get("weights"),
+                            **data.model_kwargs)
         return FederatedRun(
             model=model.to(data.x_train.device),
             algorithm=build_algorithm(spec["algorithm"], **spec["hparams"]),

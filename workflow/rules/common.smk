@@ -21,6 +21,7 @@ from fedrepro.config import (  # noqa: E402
     transfer_runs,
 )
 from fedrepro.data.registry import get_spec, raw_files  # noqa: E402
+from fedrepro.data.weights import weights_of  # noqa: E402
 from fedrepro.report.captions import figure_caption, table_caption  # noqa: E402
 
 try:
@@ -29,6 +30,7 @@ except ConfigError as exc:
     raise WorkflowError(f"invalid configuration: {exc}") from None
 
 DATA = CFG["data_dir"]
+WEIGHTS = CFG["weights_dir"]
 RES = CFG["results_dir"]
 STUDIES = CFG["studies"]
 
@@ -167,6 +169,20 @@ def server_data_files(wildcards):
     study = study_of(wildcards)
     ood = run_async(study, wildcards.setting)["ood_dataset"] if study["federation"] == "async" else None
     return [f"{DATA}/{ood}.npz"] if ood else []
+
+
+def weights_files(wildcards):
+    """The pretrained weights file of the setting's model (Feddle's ResNet18 / ViT), if it loads one."""
+    name = weights_of(setting_of(wildcards)["model"])
+    return [f"{WEIGHTS}/{name}.pth"] if name else []
+
+
+def train_spec(wildcards):
+    """The run spec, plus the path of the pretrained weights its model loads (models trained from scratch:
+    the bare run spec, so their checkpoints' fingerprints do not change)."""
+    spec = run_spec(study_of(wildcards), wildcards.setting, wildcards.method)
+    weights = weights_files(wildcards)
+    return {**spec, "weights": weights[0]} if weights else spec
 
 
 def checkpoint_dir(wildcards):

@@ -3,6 +3,7 @@
 
 localrules:
     download_dataset,
+    download_weights,
 
 
 rule download_dataset:
@@ -35,3 +36,18 @@ rule prepare_dataset:
         "../../envs/data.yaml"
     script:
         "../scripts/prepare.py"
+
+
+# Pretrained weights (Feddle's ImageNet ResNet18 and ViT-B/16): torchvision's files, named as torchvision names
+# them (the name carries the sha256 prefix the download is checked against); only train jobs of such models ask.
+rule download_weights:
+    output:
+        f"{WEIGHTS}/{{weights}}.pth",
+    params:
+        mirror=lambda w: CFG["mirrors"].get(w.weights),
+    log:
+        f"{WEIGHTS}/logs/{{weights}}.log",
+    conda:
+        "../../envs/data.yaml"
+    script:
+        "../scripts/download_weights.py"

@@ -8,10 +8,11 @@ rule train:
         data=lambda w: f"{DATA}/{setting_of(w)['dataset']}.npz",
         partitions=partition_files,
         server_data=server_data_files,
+        weights=weights_files,
     output:
         f"{RES}/{{study}}/runs/{{setting}}/{{method}}/seeds.json",
     params:
-        spec=lambda w: run_spec(study_of(w), w.setting, w.method),
+        spec=train_spec,
         seeds=seeds_of,
         checkpoint_dir=checkpoint_dir,
         device=CFG["device"],

@@ -56,7 +56,8 @@ def train_async_job(
     training = TrainingConfig(**{k: v for k, v in spec["training"].items() if k in names})
 
     def build(seed: int, parts: list[np.ndarray], data: DeviceData, log: Callable[[str], None]) -> AsyncRun:
-        model = build_model(spec["model"], data.shape, data.num_classes, **data.model_kwargs)
+        model = build_model(spec["model"], data.shape, data.num_classes, weights=spec.get("weights"),
+                            **data.model_kwargs)
         return AsyncRun(model=model.to(data.x_train.device), method=build_method(spec["algorithm"], **spec["hparams"]),
                         data=data, client_indices=parts, training=training, asynchrony=asyn, seed=seed,
                         ood=load_ood(data), log=log)

@@ -2,15 +2,18 @@
 
 Arrays: ``x_train``/``x_test`` (uint8 images [N, H, W, C]), ``y_train``/``y_test`` (int64 [N]) and
 ``meta``, a 0-d str array holding JSON with the keys name, num_classes, classes, shape, source, sha256
-(and optionally license). The file is read without pickle. This module must stay free of torch: light
-Snakemake rules import it.
+(and optionally license). Optional per-sample int64 arrays (``EXTRA_ARRAYS``) may follow: labels the
+partition is drawn over when they are not the training labels (CIFAR-100's fine labels under its 20
+superclasses) and the writer/person of each sample (FEMNIST, CelebA). The file is read without pickle.
+This module must stay free of torch: light Snakemake rules import it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,13 @@ from fedrepro.io import atomic_write_npz, open_npz
 
 ARRAY_KEYS = ("x_train", "y_train", "x_test", "y_test")
 REQUIRED_META = ("name", "num_classes", "classes", "shape", "source")
+# optional per-sample arrays -> the split they follow: int64, one non-negative value per sample
+EXTRA_ARRAYS = {
+    "partition_labels_train": "train",  # the labels a label-skew partition is drawn over (default y_train)
+    "partition_labels_test": "test",
+    "groups_train": "train",  # the writer / person of each sample (partition kind ``writer``)
+    "groups_test": "test",
+}
 
 
 class PreparedFormatError(ValueError):
@@ -35,6 +45,7 @@ class Prepared:
     x_test: np.ndarray
     y_test: np.ndarray
     meta: dict[str, Any]
+    extras: dict[str, np.ndarray] = field(default_factory=dict)  # present EXTRA_ARRAYS by name
 
     @property
     def num_classes(self) -> int:
@@ -42,13 +53,16 @@ class Prepared:
         return int(self.meta["num_classes"])
 
 
-def arrays_sha256(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray) -> str:
-    """Hex SHA-256 over the four arrays, in a fixed order, each as name, dtype, shape and C-order bytes.
+def arrays_sha256(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
+                  extras: Mapping[str, np.ndarray] | None = None) -> str:
+    """Hex SHA-256 over the four arrays, in a fixed order, each as name, dtype, shape and C-order bytes,
+    then over the extra arrays in name order (none: the digest of the four alone, as before extras).
 
     dtype and shape are hashed too, so that the same bytes reshaped or reinterpreted do not collide.
     """
     h = hashlib.sha256()
-    for key, arr in zip(ARRAY_KEYS, (x_train, y_train, x_test, y_test), strict=True):
+    named = [*zip(ARRAY_KEYS, (x_train, y_train, x_test, y_test), strict=True), *sorted((extras or {}).items())]
+    for key, arr in named:
         arr = np.ascontiguousarray(arr)
         h.update(f"{key}|{arr.dtype.str}|{arr.shape}|".encode())
         h.update(arr.data)
@@ -78,20 +92,45 @@ def _check(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test:
             raise PreparedFormatError(f"{where}: y_{split} outside 0..{meta['num_classes'] - 1}")
 
 
+def _check_extras(extras: Mapping[str, np.ndarray], rows: dict[str, int], where: str) -> None:
+    unknown = sorted(set(extras) - set(EXTRA_ARRAYS))
+    if unknown:
+        raise PreparedFormatError(f"{where}: unknown extra arrays {unknown}; allowed: {sorted(EXTRA_ARRAYS)}")
+    for key, arr in extras.items():
+        n = rows[EXTRA_ARRAYS[key]]
+        if arr.dtype != np.int64 or arr.ndim != 1 or len(arr) != n:
+            raise PreparedFormatError(f"{where}: {key} must be int64 with one value per {EXTRA_ARRAYS[key]} "
+                                      f"sample ({n}), got {arr.dtype} shape {arr.shape}")
+        if len(arr) and arr.min() < 0:
+            raise PreparedFormatError(f"{where}: {key} has negative values (min {arr.min()})")
+
+
+def _as_int64(values: Any) -> np.ndarray:
+    # integer ids are stored as little-endian int64 like the labels; anything else fails _check_extras
+    arr = np.asarray(values)
+    return arr.astype("<i8") if np.issubdtype(arr.dtype, np.integer) else arr
+
+
 def save_prepared(path: Path | str, x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray,
-                  y_test: np.ndarray, meta: dict[str, Any]) -> dict[str, Any]:
-    """Validate, fill ``meta['sha256']`` and write the .npz atomically; return the meta written."""
+                  y_test: np.ndarray, meta: dict[str, Any],
+                  extras: Mapping[str, np.ndarray] | None = None) -> dict[str, Any]:
+    """Validate, fill ``meta['sha256']`` and write the .npz atomically; return the meta written.
+
+    ``extras``: optional per-sample arrays named in ``EXTRA_ARRAYS`` (stored as little-endian int64).
+    """
     path = Path(path)
     # Labels are stored as little-endian int64 whatever the parser produced, so the digest is portable.
     y_train = np.asarray(y_train, dtype="<i8")
     y_test = np.asarray(y_test, dtype="<i8")
     x_train, x_test = np.asarray(x_train), np.asarray(x_test)
     meta = {**meta, "shape": [int(s) for s in meta["shape"]]} if "shape" in meta else dict(meta)
+    extras = {k: _as_int64(v) for k, v in (extras or {}).items()}
     _check(x_train, y_train, x_test, y_test, meta, str(path))
-    meta["sha256"] = arrays_sha256(x_train, y_train, x_test, y_test)
+    _check_extras(extras, {"train": len(y_train), "test": len(y_test)}, str(path))
+    meta["sha256"] = arrays_sha256(x_train, y_train, x_test, y_test, extras)
     # atomic: a killed job never leaves a half-written .npz that a later rule would trust
     atomic_write_npz(path, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test,
-                     meta=np.array(json.dumps(meta, sort_keys=True)))
+                     meta=np.array(json.dumps(meta, sort_keys=True)), **extras)
     return meta
 
 
@@ -103,12 +142,14 @@ def load_prepared(path: Path | str) -> Prepared:
         if missing:
             raise PreparedFormatError(f"{path}: not a prepared data set, missing arrays {missing}")
         arrays = {k: z[k] for k in ARRAY_KEYS}
+        extras = {k: z[k] for k in EXTRA_ARRAYS if k in z.files}
         meta = json.loads(str(z["meta"][()]))
     if "sha256" not in meta:
         raise PreparedFormatError(f"{path}: meta has no sha256")
     _check(*arrays.values(), meta, str(path))
-    actual = arrays_sha256(*arrays.values())
+    _check_extras(extras, {"train": len(arrays["y_train"]), "test": len(arrays["y_test"])}, str(path))
+    actual = arrays_sha256(*arrays.values(), extras)
     if actual != meta["sha256"]:
         raise PreparedFormatError(f"{path}: sha256 mismatch (meta says {meta['sha256']}, arrays hash to "
                                   f"{actual}); the file is corrupt, delete it and prepare it again")
-    return Prepared(**arrays, meta=meta)
+    return Prepared(**arrays, meta=meta, extras=extras)

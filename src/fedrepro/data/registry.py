@@ -12,7 +12,16 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from fedrepro.data import domainnet, embedded, feddisco_sets, fedl2g_sets, imagenet_subset, mnist_m, vision
+from fedrepro.data import (
+    domainnet,
+    embedded,
+    feddisco_sets,
+    feddle_sets,
+    fedl2g_sets,
+    imagenet_subset,
+    mnist_m,
+    vision,
+)
 from fedrepro.data.format import save_prepared
 
 
@@ -84,6 +93,18 @@ DATASETS: dict[str, DatasetSpec] = {
                          fedl2g_sets.manual_instructions(name), tuple(fedl2g_sets.REMOTES[name].files))
        for name, prepare in (("flowers102", fedl2g_sets.prepare_flowers102),
                              ("tiny_imagenet", fedl2g_sets.prepare_tiny_imagenet))},
+    # Feddle: CIFAR-100's 20 superclasses partitioned over its 100 fine labels (same archive as cifar100);
+    # LEAF's FEMNIST (first 40 classes) and CelebA (Smiling), 1000 writers / people with per-sample ids for
+    # the partition kind `writer`; CelebA is downloaded by hand (its licence)
+    "cifar100_coarse": DatasetSpec("cifar100_coarse", True, partial(vision.download, "cifar100"),
+                                   feddle_sets.prepare_cifar100_coarse,
+                                   feddle_sets.manual_instructions("cifar100_coarse"),
+                                   (feddle_sets.CIFAR100_FILE,)),
+    "femnist": DatasetSpec("femnist", True, feddle_sets.download_femnist, feddle_sets.prepare_femnist,
+                           feddle_sets.manual_instructions("femnist"), feddle_sets.FEMNIST_FILES),
+    "celeba_smiling": DatasetSpec("celeba_smiling", True, feddle_sets.check_celeba,
+                                  feddle_sets.prepare_celeba_smiling,
+                                  feddle_sets.manual_instructions("celeba_smiling"), feddle_sets.CELEBA_FILES),
 }
 
 

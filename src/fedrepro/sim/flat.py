@@ -9,6 +9,10 @@ oneDNN's convolutions run ~1.7x faster that way on CPU for the 4-layer CNN (benc
 cuDNN's NHWC kernels are the fast ones on GPUs. The layout is fixed, not per device, so a vector means
 the same model everywhere (checkpoints move between CPU and GPU); ``vector_of`` and ``as_params`` are
 the only ways in and out.
+
+Frozen parameters (``requires_grad=False``, e.g. a pretrained backbone under LoRA) are not in the vectors:
+they keep their own storage, so clients neither train nor send them, the server never averages them, and the
+communication counted from the vector's size covers only what is trained.
 """
 
 from __future__ import annotations
@@ -18,19 +22,20 @@ from torch import nn
 
 
 class FlatModel:
-    """Owns ``w`` (parameters) and ``g`` (gradients) of ``model`` as contiguous 1-d tensors."""
+    """Owns ``w`` (trainable parameters) and ``g`` (their gradients) of ``model`` as contiguous 1-d tensors."""
 
     def __init__(self, model: nn.Module) -> None:
-        params = list(model.parameters())
+        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        params = [p for _, p in named]
         if not params:
-            raise ValueError("model has no parameters")
+            raise ValueError("model has no trainable parameters")
         first = params[0]
         self.model = model
         self.numel = sum(p.numel() for p in params)
         self.w = torch.empty(self.numel, device=first.device, dtype=first.dtype)
         self.g = torch.zeros(self.numel, device=first.device, dtype=first.dtype)
         self._params = params
-        self._names = [name for name, _ in model.named_parameters()]
+        self._names = [name for name, _ in named]
         offset = 0
         for p in params:
             n = p.numel()
@@ -48,7 +53,8 @@ class FlatModel:
         return torch.cat([_flat_order(t) for t in tensors])
 
     def as_params(self, vector: torch.Tensor, prefix: str = "") -> dict[str, torch.Tensor]:
-        """``vector`` as a name -> tensor dict for ``torch.func.functional_call`` (views, no copy).
+        """``vector`` as a name -> tensor dict for ``torch.func.functional_call`` (views, no copy); frozen
+        parameters are not in it, so functional_call uses the module's own.
 
         With ``prefix`` (e.g. "body."), only those parameters, names relative to that submodule: how a
         method evaluates another model (the global or a previous local one) without a second module.
