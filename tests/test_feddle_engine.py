@@ -32,9 +32,9 @@ def equal_parts(n: int = 300, clients: int = 10) -> list[np.ndarray]:
 
 
 def make_run(data, method: str, hparams=None, rounds=6, sigma=0.0, join=0.3, seed=0, log=lambda m: None,
-             **training) -> AsyncRun:
+             model_fn=None, **training) -> AsyncRun:
     torch.manual_seed(seed)
-    model = build_model("cnn3_small", data.shape, data.num_classes)
+    model = model_fn() if model_fn else build_model("cnn3_small", data.shape, data.num_classes)
     cfg = TrainingConfig(rounds=rounds, local_epochs=1, batch_size=16, lr=0.05, join_ratio=join, eval_every=1,
                          **training)
     return AsyncRun(model, build_method(method, **(hparams or {})), data, equal_parts(), cfg,
@@ -177,3 +177,36 @@ def test_server_cost_counts_server_flops_and_the_state_the_server_keeps(data8):
     assert rows["fedavg"]["server_gflops"] == 0.0 and rows["fedbuff"]["server_gflops"] == 0.0
     assert rows["fedft"]["server_gflops"] > 0 and rows["feddle"]["server_gflops"] > 0
     assert "server_gflops" not in make_run(data8, "fedavg", rounds=1).run().history[-1]
+
+
+def test_a_batchnorm_model_resumes_with_its_running_statistics(data8, tmp_path):
+    """BatchNorm's running statistics are buffers, not parameters: the flat vector does not hold them, so the
+    checkpoint must (ImageNet-pretrained ResNet18 at paper scale); a resumed run equals an uninterrupted one."""
+    def bn_model():
+        c = data8.shape[2]
+        return torch.nn.Sequential(torch.nn.Conv2d(c, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                                   torch.nn.Flatten(), torch.nn.Linear(4 * data8.shape[0] * data8.shape[1], 10))
+
+    def history(result):  # NaN (no update arrived yet) != NaN: compare it as None
+        return [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items() if k != "seconds"}
+                for row in result.history]
+
+    full_run = make_run(data8, "fedavg", rounds=6, sigma=2.0, checkpoint_every=2, model_fn=bn_model)
+    full = full_run.run()
+    assert float(full_run.model[1].num_batches_tracked) > 0
+    ckpt = tmp_path / "seed0.pt"
+
+    def stop_at_round_3(msg):
+        if msg.startswith("round 3/"):
+            request_stop()
+
+    try:
+        with pytest.raises(Preempted):
+            make_run(data8, "fedavg", rounds=6, sigma=2.0, checkpoint_every=2, model_fn=bn_model,
+                     log=stop_at_round_3).run(ckpt, "fp")
+    finally:
+        _STOP.clear()
+    again = make_run(data8, "fedavg", rounds=6, sigma=2.0, checkpoint_every=2, model_fn=bn_model)
+    resumed = again.run(ckpt, "fp")
+    assert history(resumed) == history(full)
+    torch.testing.assert_close(again.model[1].running_mean, full_run.model[1].running_mean)

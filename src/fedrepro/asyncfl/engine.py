@@ -36,7 +36,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from fedrepro import seeding
 from fedrepro.algorithms.base import Algorithm
 from fedrepro.asyncfl.base import AsyncMethod, Update
-from fedrepro.sim.checkpoint import load_checkpoint, save_checkpoint
+from fedrepro.sim.checkpoint import load_checkpoint, module_buffers, restore_buffers, save_checkpoint
 from fedrepro.sim.sync import (
     _STOP,
     DIVERGED_LOSS,
@@ -183,6 +183,7 @@ class AsyncRun:
             dev = w.device
             w = resumed["w"].to(dev)
             method.state = _to_device(resumed["state"], dev)
+            restore_buffers(self.model, resumed.get("buffers"))
             inflight = [InFlight(*entry) for entry in resumed["inflight"]]
             snapshots = {int(r): v.to(dev) for r, v in resumed["snapshots"].items()}
             result.history = resumed["history"]
@@ -245,7 +246,7 @@ class AsyncRun:
             stop = _STOP.is_set() and not done
             if checkpoint and (done or stop or rnd % cfg.checkpoint_every == 0):
                 save_checkpoint(checkpoint, fingerprint, dict(
-                    round=rnd, w=w.cpu(), state=_to_device(method.state, "cpu"),
+                    round=rnd, w=w.cpu(), state=_to_device(method.state, "cpu"), buffers=module_buffers(self.model),
                     inflight=[dataclasses.astuple(f) for f in inflight],
                     snapshots={r: v.cpu() for r, v in snapshots.items()}, history=result.history,
                     status=result.status, diverged_round=result.diverged_round,

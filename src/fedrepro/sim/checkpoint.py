@@ -42,3 +42,16 @@ def load_checkpoint(path: Path, fingerprint: str) -> dict[str, Any] | None:
             f"!= {fingerprint[:12]}); refusing to resume from it. Delete it to start this run from scratch"
         )
     return blob
+
+
+def module_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's buffers (BatchNorm running statistics) on the CPU: state the flat parameter vector does not
+    hold, so a checkpoint must, or a resumed BatchNorm model starts from stale statistics."""
+    return {name: buf.detach().cpu().clone() for name, buf in model.named_buffers()}
+
+
+def restore_buffers(model: torch.nn.Module, saved: dict[str, torch.Tensor] | None) -> None:
+    """Copy ``saved`` (from module_buffers) back into the model's buffers."""
+    own = dict(model.named_buffers())
+    for name, value in (saved or {}).items():
+        own[name].copy_(value)

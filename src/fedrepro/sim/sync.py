@@ -16,7 +16,7 @@ from torch import nn
 from fedrepro import seeding
 from fedrepro.algorithms.base import Algorithm, Client
 from fedrepro.algorithms.weighting import make_weighting
-from fedrepro.sim.checkpoint import load_checkpoint, save_checkpoint
+from fedrepro.sim.checkpoint import load_checkpoint, module_buffers, restore_buffers, save_checkpoint
 from fedrepro.sim.flat import FlatModel
 from fedrepro.sim.tensors import DeviceData, evaluate
 from fedrepro.sim.vectorized import train_side_by_side
@@ -189,6 +189,7 @@ class FederatedRun:
         if resumed is not None:
             w = resumed["w"].to(w.device)
             self.alg.state = _to_device(resumed["state"], w.device)
+            restore_buffers(self.model, resumed.get("buffers"))
             result.history = resumed["history"]
             result.status, result.diverged_round = resumed["status"], resumed["diverged_round"]
             start_round = resumed["round"] + 1
@@ -244,7 +245,8 @@ class FederatedRun:
             stop = _STOP.is_set() and not done
             if checkpoint and (done or stop or rnd % cfg.checkpoint_every == 0):
                 save_checkpoint(checkpoint, fingerprint, dict(
-                    round=rnd, w=w.cpu(), state=_to_device(self.alg.state, "cpu"), history=result.history,
+                    round=rnd, w=w.cpu(), state=_to_device(self.alg.state, "cpu"),
+                    buffers=module_buffers(self.model), history=result.history,
                     status=result.status, diverged_round=result.diverged_round,
                     bytes_up=bytes_up, bytes_down=bytes_down, seconds=seconds,
                 ))
