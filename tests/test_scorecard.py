@@ -231,7 +231,8 @@ def test_captions_name_the_paper_artifact_scale_and_summary() -> None:
     assert "Table 3: *partial* | `x`" in html  # shown as written, not as reStructuredText markup
     assert rst_escape("a_b|c") == r"a\_b\|c"
     fig = figure_caption({"name": "f", "kind": "curve", "y": "jac_norm", "paper_figure": "Figure 2"}, "paper")
-    assert fig["shows"].startswith("Global Jacobian norm per round") and "band: ±1 sd over seeds" in fig["shows"]
+    assert fig["shows"].startswith("Global Jacobian norm ") and " per round, " in fig["shows"]
+    assert "band: ±1 sd over seeds" in fig["shows"]
     assert fig["mirrors"] == "Figure 2 of the paper" and fig["scale"].startswith("paper")
 
 
