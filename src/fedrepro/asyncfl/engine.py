@@ -26,6 +26,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -36,12 +37,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from fedrepro import seeding
 from fedrepro.algorithms.base import Algorithm
 from fedrepro.asyncfl.base import AsyncMethod, Update
-from fedrepro.sim.checkpoint import load_checkpoint, module_buffers, restore_buffers, save_checkpoint
+from fedrepro.sim.checkpoint import close_round, load_checkpoint, module_buffers, restore_buffers
 from fedrepro.sim.sync import (
-    _STOP,
     DIVERGED_LOSS,
     FederatedRun,
-    Preempted,
     RunResult,
     TrainingConfig,
     _to_device,
@@ -173,6 +172,15 @@ class AsyncRun:
         method's state (FedBuff's buffer, CA2FL's per-client cache, Feddle's atlas)."""
         return (w.numel() * w.element_size() + _tensor_bytes(self.method.state)) / 1e6
 
+    def snapshot(self, rnd: int, w: Tensor, result: RunResult, inflight: list[InFlight], snapshots: dict[int, Tensor],
+                 bytes_up: int, bytes_down: int, seconds: float, measured: int) -> dict:
+        """What a checkpoint after round ``rnd`` holds."""
+        return dict(round=rnd, w=w.cpu(), state=_to_device(self.method.state, "cpu"),
+                    buffers=module_buffers(self.model), inflight=[dataclasses.astuple(f) for f in inflight],
+                    snapshots={r: v.cpu() for r, v in snapshots.items()}, history=result.history,
+                    status=result.status, diverged_round=result.diverged_round, bytes_up=bytes_up,
+                    bytes_down=bytes_down, seconds=seconds, server_flops=self.server_flops, measured_rounds=measured)
+
     # ----- the loop
     def run(self, checkpoint: Path | None = None, fingerprint: str = "") -> RunResult:
         cfg, method = self.cfg, self.method
@@ -245,25 +253,10 @@ class AsyncRun:
                        if self.asyn.measure_cost else {})))
                 self.log(f"round {rnd}/{cfg.rounds} acc {acc:.2f} loss {test_loss:.4f} arrived {len(arriving)} "
                          f"in flight {len(inflight)} {seconds:.1f}s")
-            if diverged:
-                result.status, result.diverged_round = "diverged", rnd
-                self.log(f"diverged at round {rnd}: train loss {train_loss}")
-            done = diverged or rnd == cfg.rounds
-            stop = _STOP.is_set() and not done
-            if checkpoint and (done or stop or rnd % cfg.checkpoint_every == 0):
-                save_checkpoint(checkpoint, fingerprint, dict(
-                    round=rnd, w=w.cpu(), state=_to_device(method.state, "cpu"), buffers=module_buffers(self.model),
-                    inflight=[dataclasses.astuple(f) for f in inflight],
-                    snapshots={r: v.cpu() for r, v in snapshots.items()}, history=result.history,
-                    status=result.status, diverged_round=result.diverged_round,
-                    bytes_up=bytes_up, bytes_down=bytes_down, seconds=seconds,
-                    server_flops=self.server_flops, measured_rounds=measured,
-                ))
-            if diverged:
+            if close_round(rnd, cfg.rounds, diverged, f"train loss {train_loss}", result, checkpoint, fingerprint,
+                           cfg.checkpoint_every, partial(self.snapshot, rnd, w, result, inflight, snapshots, bytes_up,
+                                                         bytes_down, seconds, measured), self.log):
                 break
-            if stop:
-                raise Preempted(f"stopped by a signal after round {rnd}" +
-                                (f"; checkpoint {checkpoint}" if checkpoint else " (no checkpoint)"))
         self.flat.load(w)
         if result.per_class_acc is None:  # resumed from a finished checkpoint
             result.per_class_acc = evaluate(self.model, self.data.x_test, self.data.y_test, self.data.num_classes)[2]

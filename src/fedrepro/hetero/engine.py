@@ -27,6 +27,7 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +40,9 @@ from fedrepro import seeding
 from fedrepro.hetero.base import ClientRound, HeteroMethod
 from fedrepro.models.cnn import SplitModel
 from fedrepro.models.groups import build_arch, group_members
-from fedrepro.sim.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from fedrepro.sim.checkpoint import CheckpointError, close_round, load_checkpoint
 from fedrepro.sim.flat import FlatModel
-from fedrepro.sim.sync import _STOP, Preempted, RunResult
+from fedrepro.sim.sync import RunResult
 from fedrepro.sim.tensors import DeviceData
 
 # purposes beyond fedrepro.seeding's (INIT, SAMPLING, BATCHES, DELAYS, SERVER, STRAGGLERS = 1..6)
@@ -312,6 +313,16 @@ class HeteroRun:
         return time.perf_counter()
 
     # ----- the loop
+    def snapshot(self, rnd: int, result: HeteroResult, window: _Window, bytes_up: int, bytes_down: int,
+                 seconds: float) -> dict:
+        """What a checkpoint after round ``rnd`` holds: every client's state, the method's, the history."""
+        return dict(engine=ENGINE, round=rnd,
+                    clients={cid: {"w": self.client_w[cid].cpu(), "buffers": _move(self.client_buffers[cid], "cpu")}
+                             for cid in range(self.num_clients)},
+                    state=_move(self.method.state, "cpu"), history=result.history, status=result.status,
+                    diverged_round=result.diverged_round, bytes_up=bytes_up, bytes_down=bytes_down,
+                    seconds=seconds, window=window.__dict__)
+
     def run(self, checkpoint: Path | None = None, fingerprint: str = "") -> HeteroResult:
         cfg, method = self.cfg, self.method
         result = HeteroResult()
@@ -396,25 +407,10 @@ class HeteroRun:
                 trained = "-" if train_loss is None else f"{train_loss:.4f}"
                 self.log(f"round {rnd}/{cfg.rounds} acc {ev['test_acc']:.2f} (per client "
                          f"{ev['client_acc_mean']:.2f}) train {trained} {seconds:.1f}s")
-            if diverged:
-                result.status, result.diverged_round = "diverged", rnd
-                self.log(f"diverged at round {rnd}: train loss {train_loss}")
-            done = diverged or rnd == cfg.rounds
-            stop = _STOP.is_set() and not done
-            if checkpoint and (done or stop or rnd % cfg.checkpoint_every == 0):
-                save_checkpoint(checkpoint, fingerprint, dict(
-                    engine=ENGINE, round=rnd,
-                    clients={cid: {"w": self.client_w[cid].cpu(), "buffers": _move(self.client_buffers[cid], "cpu")}
-                             for cid in range(self.num_clients)},
-                    state=_move(method.state, "cpu"), history=result.history, status=result.status,
-                    diverged_round=result.diverged_round, bytes_up=bytes_up, bytes_down=bytes_down,
-                    seconds=seconds, window=window.__dict__,
-                ))
-            if diverged:
+            if close_round(rnd, cfg.rounds, diverged, f"train loss {train_loss}", result, checkpoint, fingerprint,
+                           cfg.checkpoint_every, partial(self.snapshot, rnd, result, window, bytes_up, bytes_down,
+                                                         seconds), self.log):
                 break
-            if stop:
-                raise Preempted(f"stopped by a signal after round {rnd}" +
-                                (f"; checkpoint {checkpoint}" if checkpoint else " (no checkpoint)"))
         if result.per_client_acc is None:  # resumed from a finished checkpoint
             ev = self.evaluate()
             result.per_class_acc, result.per_client_acc = ev["per_class_acc"], ev["per_client_acc"]

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ from torch import nn
 from fedrepro import seeding
 from fedrepro.algorithms.base import Algorithm, Client
 from fedrepro.algorithms.weighting import make_weighting
-from fedrepro.sim.checkpoint import load_checkpoint, module_buffers, restore_buffers, save_checkpoint
+from fedrepro.sim.checkpoint import close_round, load_checkpoint, module_buffers, restore_buffers
 from fedrepro.sim.flat import FlatModel
 from fedrepro.sim.tensors import DeviceData, evaluate
 from fedrepro.sim.vectorized import train_side_by_side
@@ -110,6 +111,13 @@ class FederatedRun:
         if m >= k:
             return np.arange(k)
         return np.sort(seeding.rng_for(self.seed, seeding.SAMPLING, rnd).choice(k, m, replace=False))
+
+    def snapshot(self, rnd: int, w: torch.Tensor, result: RunResult, bytes_up: int, bytes_down: int,
+                 seconds: float) -> dict:
+        """What a checkpoint after round ``rnd`` holds."""
+        return dict(round=rnd, w=w.cpu(), state=_to_device(self.alg.state, "cpu"), buffers=module_buffers(self.model),
+                    history=result.history, status=result.status, diverged_round=result.diverged_round,
+                    bytes_up=bytes_up, bytes_down=bytes_down, seconds=seconds)
 
     def train_client(self, cid: int, rnd: int, w_global: torch.Tensor) -> tuple[dict, torch.Tensor, int]:
         """E local epochs of SGD from ``w_global``; returns (upload, summed batch loss, samples seen)."""
@@ -238,23 +246,10 @@ class FederatedRun:
                 )
                 self.log(f"round {rnd}/{cfg.rounds} acc {acc:.2f} loss {test_loss:.4f} "
                          f"train {train_loss:.4f} {seconds:.1f}s")
-            if diverged:
-                result.status, result.diverged_round = "diverged", rnd
-                self.log(f"diverged at round {rnd}: train loss {train_loss}")
-            done = diverged or rnd == cfg.rounds
-            stop = _STOP.is_set() and not done
-            if checkpoint and (done or stop or rnd % cfg.checkpoint_every == 0):
-                save_checkpoint(checkpoint, fingerprint, dict(
-                    round=rnd, w=w.cpu(), state=_to_device(self.alg.state, "cpu"),
-                    buffers=module_buffers(self.model), history=result.history,
-                    status=result.status, diverged_round=result.diverged_round,
-                    bytes_up=bytes_up, bytes_down=bytes_down, seconds=seconds,
-                ))
-            if diverged:
+            if close_round(rnd, cfg.rounds, diverged, f"train loss {train_loss}", result, checkpoint, fingerprint,
+                           cfg.checkpoint_every, partial(self.snapshot, rnd, w, result, bytes_up, bytes_down, seconds),
+                           self.log):
                 break
-            if stop:
-                raise Preempted(f"stopped by a signal after round {rnd}" +
-                                (f"; checkpoint {checkpoint}" if checkpoint else " (no checkpoint)"))
         self.flat.load(w)
         if result.per_class_acc is None:  # resumed from a finished checkpoint
             result.per_class_acc = evaluate(self.model, self.data.x_test, self.data.y_test, self.data.num_classes)[2]
