@@ -37,7 +37,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from fedrepro import seeding
 from fedrepro.algorithms.base import Algorithm
 from fedrepro.asyncfl.base import AsyncMethod, Update
-from fedrepro.sim.checkpoint import close_round, load_checkpoint, module_buffers, restore_buffers
+from fedrepro.sim.checkpoint import close_round, load_checkpoint, module_buffers, restore_buffers, resume_progress
 from fedrepro.sim.sync import (
     DIVERGED_LOSS,
     FederatedRun,
@@ -197,10 +197,7 @@ class AsyncRun:
             restore_buffers(self.model, resumed.get("buffers"))
             inflight = [InFlight(*entry) for entry in resumed["inflight"]]
             snapshots = {int(r): v.to(dev) for r, v in resumed["snapshots"].items()}
-            result.history = resumed["history"]
-            result.status, result.diverged_round = resumed["status"], resumed["diverged_round"]
-            start_round = resumed["round"] + 1
-            bytes_up, bytes_down, seconds = resumed["bytes_up"], resumed["bytes_down"], resumed["seconds"]
+            start_round, bytes_up, bytes_down, seconds = resume_progress(resumed, result)
             self.log(f"resumed from {checkpoint} after round {resumed['round']}")
             if result.status == "diverged":
                 return result

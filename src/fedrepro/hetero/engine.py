@@ -40,7 +40,7 @@ from fedrepro import seeding
 from fedrepro.hetero.base import ClientRound, HeteroMethod
 from fedrepro.models.cnn import SplitModel
 from fedrepro.models.groups import build_arch, group_members
-from fedrepro.sim.checkpoint import CheckpointError, close_round, load_checkpoint
+from fedrepro.sim.checkpoint import CheckpointError, close_round, load_checkpoint, resume_progress
 from fedrepro.sim.flat import FlatModel
 from fedrepro.sim.sync import RunResult
 from fedrepro.sim.tensors import DeviceData
@@ -337,10 +337,7 @@ class HeteroRun:
                 for name, buf in st["buffers"].items():
                     self.client_buffers[cid][name].copy_(buf)
             method.state = _move(resumed["state"], self.device)
-            result.history = resumed["history"]
-            result.status, result.diverged_round = resumed["status"], resumed["diverged_round"]
-            start_round = resumed["round"] + 1
-            bytes_up, bytes_down, seconds = resumed["bytes_up"], resumed["bytes_down"], resumed["seconds"]
+            start_round, bytes_up, bytes_down, seconds = resume_progress(resumed, result)
             window = _Window(**resumed["window"])
             self.log(f"resumed from {checkpoint} after round {resumed['round']}")
             if result.status == "diverged":

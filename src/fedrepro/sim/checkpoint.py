@@ -77,3 +77,11 @@ def close_round(rnd: int, rounds: int, diverged: bool, why: str, result: Any, ch
         raise Preempted(f"stopped by a signal after round {rnd}" +
                         (f"; checkpoint {checkpoint}" if checkpoint else " (no checkpoint)"))
     return diverged
+
+
+def resume_progress(resumed: dict[str, Any], result: Any) -> tuple[int, int, int, float]:
+    """Put a checkpoint's history and status back into ``result``; (next round, bytes up, bytes down, seconds)
+    so far: what every engine's resume shares (each restores its own state beside it)."""
+    result.history = resumed["history"]
+    result.status, result.diverged_round = resumed["status"], resumed["diverged_round"]
+    return resumed["round"] + 1, resumed["bytes_up"], resumed["bytes_down"], resumed["seconds"]

@@ -17,7 +17,7 @@ from torch import nn
 from fedrepro import seeding
 from fedrepro.algorithms.base import Algorithm, Client
 from fedrepro.algorithms.weighting import make_weighting
-from fedrepro.sim.checkpoint import close_round, load_checkpoint, module_buffers, restore_buffers
+from fedrepro.sim.checkpoint import close_round, load_checkpoint, module_buffers, restore_buffers, resume_progress
 from fedrepro.sim.flat import FlatModel
 from fedrepro.sim.tensors import DeviceData, evaluate
 from fedrepro.sim.vectorized import train_side_by_side
@@ -198,10 +198,7 @@ class FederatedRun:
             w = resumed["w"].to(w.device)
             self.alg.state = _to_device(resumed["state"], w.device)
             restore_buffers(self.model, resumed.get("buffers"))
-            result.history = resumed["history"]
-            result.status, result.diverged_round = resumed["status"], resumed["diverged_round"]
-            start_round = resumed["round"] + 1
-            bytes_up, bytes_down, seconds = resumed["bytes_up"], resumed["bytes_down"], resumed["seconds"]
+            start_round, bytes_up, bytes_down, seconds = resume_progress(resumed, result)
             self.log(f"resumed from {checkpoint} after round {resumed['round']}")
             if result.status == "diverged":
                 return result
