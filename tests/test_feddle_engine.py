@@ -210,3 +210,81 @@ def test_a_batchnorm_model_resumes_with_its_running_statistics(data8, tmp_path):
     resumed = again.run(ckpt, "fp")
     assert history(resumed) == history(full)
     torch.testing.assert_close(again.model[1].running_mean, full_run.model[1].running_mean)
+
+
+def test_cache_counts_the_frozen_parameters_the_server_holds(data8):
+    """A LoRA model's server holds the frozen backbone too (the paper's Table 6: the whole ViT, 340 MB)."""
+    def half_frozen():
+        model = build_model("cnn3_small", data8.shape, data8.num_classes)
+        for p in list(model.parameters())[:2]:
+            p.requires_grad_(False)
+        return model
+
+    run = make_run(data8, "fedavg", rounds=2, model_fn=half_frozen)
+    run.asyn = dataclasses.replace(run.asyn, measure_cost=True)
+    frozen = sum(p.numel() for p in run.model.parameters() if not p.requires_grad)
+    assert frozen > 0 and run.flat.numel > 0
+    assert run.run().history[-1]["cache_mb"] == pytest.approx((run.flat.numel + frozen) * 4 / 1e6)
+
+
+def with_true_update(run: AsyncRun) -> AsyncRun:
+    run.asyn = dataclasses.replace(run.asyn, true_update=True)
+    return run
+
+
+def test_true_update_is_the_pooled_datas_update_and_leaves_the_run_unchanged(data8):
+    # one client holding every sample, one full batch: its update is the pooled data's, cosine 1
+    torch.manual_seed(0)
+    cfg = TrainingConfig(rounds=3, local_epochs=1, batch_size=300, lr=0.05, join_ratio=1.0, eval_every=1)
+    model = build_model("cnn3_small", data8.shape, data8.num_classes)
+    one = with_true_update(AsyncRun(model, build_method("fedavg"), data8, [np.arange(300)], cfg,
+                                    AsyncConfig(delay_sigma=0.0, server_samples=50), seed=0, log=lambda m: None))
+    rows = one.run().history
+    assert [r["true_cos_mean"] for r in rows] == pytest.approx([1.0] * 3, abs=1e-5)
+    # the diagnostic draws from its own random streams and restores the model: the run is the same without it
+    plain, logged = make_run(data8, "fedavg", rounds=4), with_true_update(make_run(data8, "fedavg", rounds=4))
+    plain_rows, logged_rows = plain.run().history, logged.run().history
+    torch.testing.assert_close(plain.flat.w, logged.flat.w, rtol=0, atol=0)
+    assert [r["test_acc"] for r in plain_rows] == [r["test_acc"] for r in logged_rows]
+    assert all(-1 <= r["true_cos_min"] <= r["true_cos_mean"] <= r["true_cos_max"] <= 1 for r in logged_rows)
+    # Fig. 2b: one true update per evaluation round, their cosine matrix symmetric with a unit diagonal
+    rounds, cos = logged.true_update_cosines()
+    assert rounds.tolist() == [1, 2, 3, 4] and np.allclose(cos, cos.T) and np.allclose(np.diag(cos), 1.0)
+
+
+def test_heterogeneous_clients_point_away_from_the_true_update(data8):
+    """Fig. 2a's point: clients with one or two classes each train away from the pooled data's direction,
+    IID clients along it."""
+    def mean_cosine(parts):
+        torch.manual_seed(0)
+        cfg = TrainingConfig(rounds=2, local_epochs=1, batch_size=16, lr=0.05, join_ratio=1.0, eval_every=1)
+        model = build_model("cnn3_small", data8.shape, data8.num_classes)
+        run = with_true_update(AsyncRun(model, build_method("fedavg"), data8, parts, cfg,
+                                        AsyncConfig(delay_sigma=0.0, server_samples=50), seed=0, log=lambda m: None))
+        return np.mean([r["true_cos_mean"] for r in run.run().history])
+
+    labels = data8.y_train.numpy()
+    by_label = [np.sort(p) for p in np.array_split(np.argsort(labels, kind="stable"), 10)]
+    iid, skewed = mean_cosine(equal_parts()), mean_cosine(by_label)
+    assert iid > skewed + 0.2, (iid, skewed)
+
+
+def test_true_updates_survive_a_resume(data8, tmp_path):
+    full = with_true_update(make_run(data8, "fedavg", rounds=6, sigma=2.0, checkpoint_every=2))
+    full.run()
+    ckpt = tmp_path / "seed0.pt"
+
+    def stop_at_round_3(msg):
+        if msg.startswith("round 3/"):
+            request_stop()
+
+    try:
+        with pytest.raises(Preempted):
+            with_true_update(make_run(data8, "fedavg", rounds=6, sigma=2.0, checkpoint_every=2,
+                                      log=stop_at_round_3)).run(ckpt, "fp")
+    finally:
+        _STOP.clear()
+    resumed = with_true_update(make_run(data8, "fedavg", rounds=6, sigma=2.0, checkpoint_every=2))
+    resumed.run(ckpt, "fp")
+    (r1, c1), (r2, c2) = full.true_update_cosines(), resumed.true_update_cosines()
+    assert r1.tolist() == r2.tolist() == list(range(1, 7)) and np.allclose(c1, c2)

@@ -45,10 +45,11 @@ def resolved(study=STUDY):
 def test_async_keys_reach_the_run_spec_with_defaults_and_setting_overrides():
     spec = run_spec(resolved(), "n3", "fedbuff")
     assert spec["async"] == {"delay_sigma": 3, "server_samples": 40, "ood_dataset": "photo_patches", "ood_samples": 60,
-                             "measure_cost": False}
+                             "measure_cost": False, "true_update": False}
     bare = {**STUDY, "async": {}}
     assert run_spec(resolved(bare), "n3", "fedbuff")["async"] == {
-        "delay_sigma": 3, "server_samples": 1000, "ood_dataset": None, "ood_samples": None, "measure_cost": False}
+        "delay_sigma": 3, "server_samples": 1000, "ood_dataset": None, "ood_samples": None, "measure_cost": False,
+        "true_update": False}
     sync = {**STUDY, "federation": "sync", "async": {},
             "methods": {"fedavg": {"algorithm": "fedavg"}}, "grid": [{"settings": ["n3"], "methods": ["fedavg"]}]}
     assert "async" not in run_spec(resolved(sync), "n3", "fedavg")  # sync digests stay as they were
@@ -90,3 +91,44 @@ def test_the_train_job_runs_with_out_of_domain_server_data(tmp_path):
     assert {"coef_mean", "coef_neg_frac", "in_flight", "arrived"} <= set(metrics.columns)
     summary = json.loads((tmp_path / "runs" / "feddle-ood" / "seed0" / "summary.json").read_text())
     assert summary["config"]["async"]["ood_dataset"] == "photo_patches"
+
+
+def test_fig2_comes_from_true_update_runs_and_needs_them(tmp_path):
+    """Fig. 2 end to end: two synchronous settings log the clients' cosine to the true update, one seed's
+    cosine matrix lies beside its summary, and the figure renders from them; a setting without
+    async.true_update is a config error naming the figure."""
+    from fedrepro.asyncfl.job import TRUE_UPDATES
+    from fedrepro.pipeline import aggregate, figure
+
+    sync = {"delay_sigma": 0, "true_update": True}
+    study = {**STUDY, "async": {"server_samples": 40},
+             "settings": {"skewed": {**STUDY["settings"]["n3"], "async": sync},
+                          "iid": {**STUDY["settings"]["n3"], "async": sync,
+                                  "partition": {"kind": "iid", "clients": 5}}},
+             "methods": {"fedavg": {"algorithm": "fedavg"}},
+             "grid": [{"settings": ["skewed", "iid"], "methods": ["fedavg"]}],
+             "figures": {"fig2": {"kind": "update_cosine", "settings": ["skewed", "iid"], "setting": "skewed",
+                                  "method": "fedavg"}}}
+    with pytest.raises(ConfigError, match=r"figures\.fig2.*'n3' logs no true update.*async\.true_update"):
+        resolved({**study, "settings": {**study["settings"], "n3": STUDY["settings"]["n3"]},
+                  "figures": {"fig2": {**study["figures"]["fig2"], "settings": ["skewed", "n3"]}}})
+    study = resolved(study)
+    prepare_dataset("digits", tmp_path / "digits.npz")
+    labels = np.load(tmp_path / "digits.npz")["y_train"]
+    indexes = []
+    for setting in ("skewed", "iid"):
+        part = study["settings"][setting]["partition"]
+        parts = make_partition(labels, part, 0)
+        save_partition(tmp_path / f"{setting}.npz", parts, partition_stats(parts, labels, 10), part)
+        indexes.append(tmp_path / "runs" / setting / "fedavg" / "seeds.json")
+        train(run_spec(study, setting, "fedavg"), tmp_path / "digits.npz", [tmp_path / f"{setting}.npz"], [0],
+              indexes[-1], tmp_path / "ckpt" / setting, "cpu", 1, log=lambda m: None)
+    with np.load(indexes[0].parent / "seed0" / TRUE_UPDATES) as f:
+        assert f["rounds"].tolist() == [2, 4] and f["cosines"].shape == (2, 2)
+    aggregate(indexes, tmp_path / "runs.csv", tmp_path / "summary.csv", log=lambda m: None)
+    runs = pd.read_csv(tmp_path / "runs.csv")
+    assert runs["true_cos_mean"].notna().all() and (runs["true_cos_min"] <= runs["true_cos_max"]).all()
+    spec = {**study["figures"]["fig2"], "name": "fig2", "settings": [{"setting": s, "label": s} for s in
+                                                                      ("skewed", "iid")]}
+    figure(spec, [tmp_path / "runs.csv", indexes[0]], tmp_path / "fig2", log=lambda m: None)
+    assert (tmp_path / "fig2.png").stat().st_size > 10_000 and (tmp_path / "fig2.pdf").exists()

@@ -279,6 +279,19 @@ def test_every_async_method_leaves_a_frozen_backbone_untouched(digits_prepared, 
     assert all(torch.equal(params[n], v) for n, v in frozen.items())
 
 
+def test_table6_cache_holds_the_whole_vit_not_only_its_lora_factors(digits_prepared) -> None:
+    """The paper's Table 6 caches 3.4e2 MB for FedAvg on ViT-B/16 + LoRA: the server keeps the whole model.
+    Ours counts the frozen backbone beside the trained vector (LoRA factors and head: under 1 MB)."""
+    data = to_device_data(digits_prepared, torch.device("cpu"), image_size=8)
+    model = build_model("vit_b16_lora", data.shape, data.num_classes)
+    cfg = TrainingConfig(rounds=1, join_ratio=0.5)
+    run = AsyncRun(model, build_method("fedavg"), data, [np.arange(i, 200, 4) for i in range(4)], cfg,
+                   AsyncConfig(delay_sigma=0.0, server_samples=20, measure_cost=True), seed=0, log=lambda m: None)
+    whole = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]) / 1e6
+    assert run.flat.numel * 4 / 1e6 < 1.0 < 300.0 < whole
+    assert run.cache_mb(run.w_init) == pytest.approx(whole)
+
+
 # ---------------------------------------------------------------- the train jobs pass the weights on
 
 

@@ -257,8 +257,14 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
                     fail(f"figures.{f}", f"setting {s!r} has no `target` to fine-tune on")
         elif fig["kind"] == "per_class":
             needed = {(fig["setting"], m) for m in fig["methods"]}
-        elif fig["kind"] == "tsne":
+        elif fig["kind"] in ("tsne", "update_cosine"):
             needed = {(fig["setting"], fig["method"])}
+            if fig["kind"] == "update_cosine":
+                needed |= {(s, fig["method"]) for s in fig["settings"]}
+                for s in sorted({fig["setting"], *fig["settings"]}):
+                    if study["federation"] != "async" or not run_async(study, s).get("true_update"):
+                        fail(f"figures.{f}", f"setting {s!r} logs no true update: set its async.true_update "
+                                             "(a federation: async study)")
             if fig["seed"] not in study["seeds"]:
                 fail(f"figures.{f}.seed", f"seed {fig['seed']} is not one of the study's seeds {study['seeds']}")
         elif fig["kind"] == "gain_grid":

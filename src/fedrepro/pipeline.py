@@ -166,6 +166,18 @@ def table(spec: dict, summary_csv: Path, runs_csv: Path, published_csv: Path | N
     log(f"{spec['name']}: {len(cells)} cells -> {out_stem}.{{md,tex,csv}}")
 
 
+def seed_file(spec: dict, index: Path, name: str, why_missing: str) -> Path:
+    """The file ``name`` a train job wrote beside the summary of the figure's seed (``index``: its seeds.json)."""
+    runs = {r["seed"]: r["dir"] for r in json.loads(index.read_text())["runs"]}
+    if spec["seed"] not in runs:
+        raise ValueError(f"figure {spec['name']}: seed {spec['seed']} is not among the runs of {index} "
+                         f"(seeds {sorted(runs)})")
+    path = index.parent / runs[spec["seed"]] / name
+    if not path.exists():
+        raise ValueError(f"figure {spec['name']}: {path} is missing: method {spec['method']!r} {why_missing}")
+    return path
+
+
 def figure(spec: dict, inputs: list[Path], out_stem: Path, log: Callable[[str], None]) -> None:
     """Render one figure; what it reads depends on its kind (runs.csv, summary.csv or partition stats)."""
     import pandas as pd
@@ -181,17 +193,19 @@ def figure(spec: dict, inputs: list[Path], out_stem: Path, log: Callable[[str], 
         from fedrepro.hetero.job import EMBEDDINGS
         from fedrepro.report.figures_fedl2g import render_tsne
 
-        index = Path(inputs[0])
-        runs = {r["seed"]: r["dir"] for r in json.loads(index.read_text())["runs"]}
-        if spec["seed"] not in runs:
-            raise ValueError(f"figure {spec['name']}: seed {spec['seed']} is not among the runs of {index} "
-                             f"(seeds {sorted(runs)})")
-        path = index.parent / runs[spec["seed"]] / EMBEDDINGS
-        if not path.exists():
-            raise ValueError(f"figure {spec['name']}: {path} is missing: method {spec['method']!r} holds no "
-                             "server vectors to embed (FedL2G's guiding vectors)")
+        path = seed_file(spec, Path(inputs[0]), EMBEDDINGS,
+                         "holds no server vectors to embed (FedL2G's guiding vectors)")
         with np.load(path) as f:
             render_tsne(spec, {k: f[k] for k in f.files}, Path(out_stem))
+    elif kind == "update_cosine":  # runs.csv and one seed's true-update cosines, beside its summary.json
+        import numpy as np
+
+        from fedrepro.asyncfl.job import TRUE_UPDATES
+        from fedrepro.report.figures_feddle import render_update_cosine
+
+        path = seed_file(spec, Path(inputs[1]), TRUE_UPDATES, "logs no true update (set async.true_update)")
+        with np.load(path) as f:
+            render_update_cosine(spec, pd.read_csv(inputs[0]), {k: f[k] for k in f.files}, Path(out_stem))
     elif kind in ("partition", "class_histogram"):
         stats = {s["setting"]: json.loads(Path(p).read_text()) for s, p in zip(spec["settings"], inputs, strict=True)}
         render = {"partition": figures_feddisco.render_partition,

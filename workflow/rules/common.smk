@@ -116,7 +116,7 @@ def figure_spec(study, name):
         spec["settings"] = [{"setting": k, "label": label_of(s, "settings", k)} for k in f["settings"]]
     if "methods" in f:
         spec["methods"] = [{"method": k, "label": label_of(s, "methods", k)} for k in f["methods"]]
-    if f["kind"] == "tsne":
+    if f["kind"] in ("tsne", "update_cosine"):
         spec["setting_label"] = label_of(s, "settings", f["setting"])
         spec["method_label"] = label_of(s, "methods", f["method"])
     if "series" in f:
@@ -155,6 +155,9 @@ def figure_inputs(wildcards):
         return [f"{RES}/{wildcards.study}/partitions/{s}/seed{f['seed']}.json" for s in f["settings"]]
     if f["kind"] == "tsne":  # the train job's index; the seed's embeddings.npz lies beside its summary
         return [f"{RES}/{wildcards.study}/runs/{f['setting']}/{f['method']}/seeds.json"]
+    if f["kind"] == "update_cosine":  # and the seed's true_update_cosines.npz
+        return [f"{RES}/{wildcards.study}/runs.csv",
+                f"{RES}/{wildcards.study}/runs/{f['setting']}/{f['method']}/seeds.json"]
     return [f"{RES}/{wildcards.study}/summary.csv"]
 
 

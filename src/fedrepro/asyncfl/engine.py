@@ -13,6 +13,12 @@ Server data: the in-domain set is ``server_samples`` test samples drawn per seed
 (for every method of the setting, so all are tested on the same samples); the out-of-domain set is another
 data set's train split (other images, other labels). Each method says which one it trains on.
 
+With ``true_update`` (Feddle's Fig. 2), each evaluation round also trains the round's model on the union of
+every client's data with the clients' recipe (the "true" update of that round, as if all data were in one
+place) and logs the cosine of each update sent and received in this round to it; every evaluation round's true
+update is kept for the cosine between rounds (Fig. 2b, ``true_update_cosines``). A diagnostic: it draws from
+its own random streams, so the run's metrics do not change.
+
 Clients are trained when their update arrives, from a snapshot of the model of their dispatch round (one
 snapshot per round, shared by that round's clients, dropped when the last of them arrives): the same result as
 training at dispatch, with fewer vectors held. Every random draw is a pure function of (seed, purpose, round,
@@ -62,6 +68,7 @@ class AsyncConfig:
     ood_dataset: str | None = None  # the out-of-domain server data set (its train split)
     ood_samples: int | None = None  # a seeded subset of it (None: all)
     measure_cost: bool = False  # log the server's FLOPs and cache size (Table 6)
+    true_update: bool = False  # log the clients' cosine to the update of the pooled data (Fig. 2)
 
 
 def draw_delay(seed: int, rnd: int, cid: int, sigma: float) -> int:
@@ -117,6 +124,7 @@ class AsyncRun:
         self.flat, self.model, self.w_init = self.clients.flat, model, self.clients.w_init
         self.measuring = False  # count the server hooks' FLOPs this round (measure_cost, evaluation rounds)
         self.num_clients = len(client_indices)
+        self.true_updates: dict[int, Tensor] = {}  # evaluation round -> true update (true_update, on the CPU)
         self.clients_per_round = max(1, int(round(training.join_ratio * self.num_clients)))
         self.server_x = self.server_y = None
         self.server_classes = data.num_classes
@@ -152,6 +160,28 @@ class AsyncRun:
                         staleness=rnd - dispatch_round, num_samples=len(self.clients.clients[cid]))
         return update, loss_sum, seen
 
+    # ----- the true update (Fig. 2)
+    def true_update(self, w: Tensor, rnd: int) -> Tensor:
+        """The update of the clients' local training recipe run from ``w`` on every client's data at once.
+        Its batches are a pure function of (seed, round) (the client id one past the last client), the global
+        random state and the model's buffers (BatchNorm statistics) are restored: the run goes on unchanged."""
+        pooled = torch.cat(self.clients.clients)
+        buffers = module_buffers(self.model)
+        devices = [w.device] if w.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            upload, _, _ = self.clients.train_client(self.num_clients, rnd, w, idx=pooled)
+        restore_buffers(self.model, buffers)
+        return upload["delta"].detach()
+
+    def true_update_cosines(self) -> tuple[np.ndarray, np.ndarray]:
+        """(rounds, the cosine matrix of their true updates): Fig. 2b."""
+        rounds = sorted(self.true_updates)
+        if not rounds:
+            return np.zeros(0, dtype=np.int64), np.zeros((0, 0))
+        stacked = torch.stack([self.true_updates[r] for r in rounds]).double()
+        unit = stacked / stacked.norm(dim=1, keepdim=True).clamp_min(1e-30)
+        return np.asarray(rounds, dtype=np.int64), (unit @ unit.T).numpy()
+
     # ----- server cost (Table 6)
     def server_call(self, hook: Callable[..., Tensor | None], *args: object) -> Tensor | None:
         """Run a server hook; with ``measure_cost``, count its FLOPs (torch.utils.flop_counter: matrix
@@ -168,9 +198,11 @@ class AsyncRun:
         return out
 
     def cache_mb(self, w: Tensor) -> float:
-        """What the server holds between rounds, in MB (10^6 bytes): the global model and every tensor of the
-        method's state (FedBuff's buffer, CA2FL's per-client cache, Feddle's atlas)."""
-        return (w.numel() * w.element_size() + _tensor_bytes(self.method.state)) / 1e6
+        """What the server holds between rounds, in MB (10^6 bytes): the whole global model (the trained vector
+        ``w``, frozen parameters such as ViT's backbone under LoRA, buffers) and every tensor of the method's
+        state (FedBuff's buffer, CA2FL's per-client cache, Feddle's atlas)."""
+        fixed = [p for p in self.model.parameters() if not p.requires_grad] + list(self.model.buffers())
+        return (_tensor_bytes([w, *fixed]) + _tensor_bytes(self.method.state)) / 1e6
 
     def snapshot(self, rnd: int, w: Tensor, result: RunResult, inflight: list[InFlight], snapshots: dict[int, Tensor],
                  bytes_up: int, bytes_down: int, seconds: float, measured: int) -> dict:
@@ -178,6 +210,7 @@ class AsyncRun:
         return dict(round=rnd, w=w.cpu(), state=_to_device(self.method.state, "cpu"),
                     buffers=module_buffers(self.model), inflight=[dataclasses.astuple(f) for f in inflight],
                     snapshots={r: v.cpu() for r, v in snapshots.items()}, history=result.history,
+                    true_updates=self.true_updates,
                     status=result.status, diverged_round=result.diverged_round, bytes_up=bytes_up,
                     bytes_down=bytes_down, seconds=seconds, server_flops=self.server_flops, measured_rounds=measured)
 
@@ -197,6 +230,7 @@ class AsyncRun:
             restore_buffers(self.model, resumed.get("buffers"))
             inflight = [InFlight(*entry) for entry in resumed["inflight"]]
             snapshots = {int(r): v.to(dev) for r, v in resumed["snapshots"].items()}
+            self.true_updates = {int(r): v for r, v in resumed.get("true_updates", {}).items()}
             start_round, bytes_up, bytes_down, seconds = resume_progress(resumed, result)
             self.log(f"resumed from {checkpoint} after round {resumed['round']}")
             if result.status == "diverged":
@@ -206,8 +240,12 @@ class AsyncRun:
         measured = resumed.get("measured_rounds", 0) if resumed is not None else 0
 
         for rnd in range(start_round, cfg.rounds + 1):
+            evaluating = rnd % cfg.eval_every == 0 or rnd == cfg.rounds
+            # the diagnostic trains outside the round's seconds: it is not the method's work
+            true = self.true_update(w, rnd) if self.asyn.true_update and evaluating else None
+            true_cos: list[float] = []
             t0 = time.perf_counter()
-            self.measuring = self.asyn.measure_cost and (rnd % cfg.eval_every == 0 or rnd == cfg.rounds)
+            self.measuring = self.asyn.measure_cost and evaluating
             measured += self.measuring
             torch.manual_seed(seeding.derive_seed(self.seed, seeding.SERVER, rnd))
             if method.uses_clients:
@@ -228,6 +266,8 @@ class AsyncRun:
                 bytes_up += update.delta.numel() * update.delta.element_size()
                 loss_sum += client_loss
                 seen += client_seen
+                if true is not None and update.staleness == 0:  # trained from this round's model, as the truth
+                    true_cos.append(torch.nn.functional.cosine_similarity(update.delta, true, dim=0).item())
                 with torch.no_grad():
                     w = self.server_call(method.receive, w, update)
             still_needed = {f.dispatch_round for f in inflight}
@@ -237,7 +277,9 @@ class AsyncRun:
             seconds += time.perf_counter() - t0
             diverged = ((seen > 0 and (not math.isfinite(train_loss) or train_loss > DIVERGED_LOSS))
                         or not bool(torch.isfinite(w).all()))
-            if diverged or rnd % cfg.eval_every == 0 or rnd == cfg.rounds:
+            if true is not None:
+                self.true_updates[rnd] = true.cpu()
+            if diverged or evaluating:
                 self.flat.load(w)
                 acc, test_loss, result.per_class_acc = evaluate(
                     self.model, self.data.x_test, self.data.y_test, self.data.num_classes)
@@ -247,7 +289,8 @@ class AsyncRun:
                     **client_accuracy(self.clients.class_counts, result.per_class_acc),
                     in_flight=len(inflight), arrived=len(arriving), **method.round_metrics(),
                     **({"server_gflops": self.server_flops / 1e9 / max(measured, 1), "cache_mb": self.cache_mb(w)}
-                       if self.asyn.measure_cost else {})))
+                       if self.asyn.measure_cost else {}),
+                    **(_spread("true_cos", true_cos) if self.asyn.true_update else {})))
                 self.log(f"round {rnd}/{cfg.rounds} acc {acc:.2f} loss {test_loss:.4f} arrived {len(arriving)} "
                          f"in flight {len(inflight)} {seconds:.1f}s")
             if close_round(rnd, cfg.rounds, diverged, f"train loss {train_loss}", result, checkpoint, fingerprint,
@@ -258,6 +301,13 @@ class AsyncRun:
         if result.per_class_acc is None:  # resumed from a finished checkpoint
             result.per_class_acc = evaluate(self.model, self.data.x_test, self.data.y_test, self.data.num_classes)[2]
         return result
+
+
+def _spread(name: str, values: list[float]) -> dict[str, float]:
+    """{name}_mean, _min and _max of ``values`` (NaN when empty)."""
+    if not values:
+        return {f"{name}_{k}": math.nan for k in ("mean", "min", "max")}
+    return {f"{name}_mean": float(np.mean(values)), f"{name}_min": min(values), f"{name}_max": max(values)}
 
 
 def _tensor_bytes(obj: object) -> int:

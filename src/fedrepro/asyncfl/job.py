@@ -11,10 +11,13 @@ import numpy as np
 from fedrepro.asyncfl.engine import AsyncConfig, AsyncRun
 from fedrepro.asyncfl.methods import build_method
 from fedrepro.data.format import load_prepared
+from fedrepro.io import atomic_write_npz
 from fedrepro.models import build_model
 from fedrepro.sim.sync import RunResult, TrainingConfig
 from fedrepro.sim.tensors import DeviceData, to_device_data
 from fedrepro.train import run_seeds
+
+TRUE_UPDATES = "true_update_cosines.npz"  # with async.true_update: the cosine between rounds' true updates (Fig. 2b)
 
 
 def ood_path(data_path: Path, dataset: str) -> Path:
@@ -62,4 +65,9 @@ def train_async_job(
                         data=data, client_indices=parts, training=training, asynchrony=asyn, seed=seed,
                         ood=load_ood(data), log=log)
 
-    return run_seeds(spec, data_path, partitions, out_dirs, checkpoint_dir, device, threads, log, build)
+    def finish(run: AsyncRun, out: Path) -> None:
+        if asyn.true_update:
+            rounds, cosines = run.true_update_cosines()
+            atomic_write_npz(out / TRUE_UPDATES, rounds=rounds, cosines=cosines)
+
+    return run_seeds(spec, data_path, partitions, out_dirs, checkpoint_dir, device, threads, log, build, finish)

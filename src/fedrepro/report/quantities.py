@@ -21,4 +21,7 @@ QUANTITIES = {
     "coef_max": "largest searched coefficient",
     "coef_neg_frac": "fraction of negative coefficients",
     "coef_grad_cos": "cosine of the OOD and in-domain coefficient gradients",
+    "true_cos_mean": "cosine of the clients' updates to the true update",
+    "true_cos_min": "smallest client's cosine to the true update",
+    "true_cos_max": "largest client's cosine to the true update",
 }
