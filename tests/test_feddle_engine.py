@@ -41,6 +41,25 @@ def make_run(data, method: str, hparams=None, rounds=6, sigma=0.0, join=0.3, see
                     AsyncConfig(delay_sigma=sigma, server_samples=50), seed=seed, log=log)
 
 
+def preempt_at_round_3(build, ckpt) -> None:
+    """Run ``build(log)`` checkpointing to ``ckpt`` and stop it as round 3 ends, as a preempted job."""
+    def stop_at_round_3(msg):
+        if msg.startswith("round 3/"):
+            request_stop()
+
+    try:
+        with pytest.raises(Preempted):
+            build(stop_at_round_3).run(ckpt, "fp")
+    finally:
+        _STOP.clear()
+
+
+def comparable(result) -> list[dict]:
+    """A run's history without its wall-clock seconds; NaN (no update arrived yet) != NaN, so as None."""
+    return [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items() if k != "seconds"}
+            for row in result.history]
+
+
 def test_delays_are_seeded_half_normal_draws():
     draws = np.array([draw_delay(3, r, c, 5.0) for r in range(1, 201) for c in range(20)])
     assert draws.min() >= 0 and np.all(draws == np.round(draws))
@@ -115,26 +134,13 @@ def test_feddle_with_a_huge_fallback_lambda_is_fedbuff(data8):
 
 @pytest.mark.parametrize("method,hparams", [("feddle", {"lr": 0.01}), ("ca2fl", {"buffer_size": 2})])
 def test_a_stopped_run_resumes_to_the_same_metrics(data8, tmp_path, method, hparams):
-    def drop_seconds(history):
-        # NaN (no update arrived yet) != NaN: compare it as None
-        return [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items() if k != "seconds"}
-                for row in history]
-
     full = make_run(data8, method, hparams, rounds=8, sigma=3.0, checkpoint_every=2).run()
     ckpt = tmp_path / "seed0.pt"
 
-    def stop_at_round_3(msg):
-        if msg.startswith("round 3/"):
-            request_stop()
-
-    try:
-        with pytest.raises(Preempted):
-            make_run(data8, method, hparams, rounds=8, sigma=3.0, checkpoint_every=2,
-                     log=stop_at_round_3).run(ckpt, "fp")
-    finally:
-        _STOP.clear()
+    preempt_at_round_3(lambda log: make_run(data8, method, hparams, rounds=8, sigma=3.0, checkpoint_every=2,
+                                            log=log), ckpt)
     resumed = make_run(data8, method, hparams, rounds=8, sigma=3.0, checkpoint_every=2).run(ckpt, "fp")
-    assert drop_seconds(resumed.history) == drop_seconds(full.history)
+    assert comparable(resumed) == comparable(full)
 
 
 def test_center_samples_no_client_and_trains_on_server_data(data8):
@@ -187,28 +193,16 @@ def test_a_batchnorm_model_resumes_with_its_running_statistics(data8, tmp_path):
         return torch.nn.Sequential(torch.nn.Conv2d(c, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
                                    torch.nn.Flatten(), torch.nn.Linear(4 * data8.shape[0] * data8.shape[1], 10))
 
-    def history(result):  # NaN (no update arrived yet) != NaN: compare it as None
-        return [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items() if k != "seconds"}
-                for row in result.history]
-
     full_run = make_run(data8, "fedavg", rounds=6, sigma=2.0, checkpoint_every=2, model_fn=bn_model)
     full = full_run.run()
     assert float(full_run.model[1].num_batches_tracked) > 0
     ckpt = tmp_path / "seed0.pt"
 
-    def stop_at_round_3(msg):
-        if msg.startswith("round 3/"):
-            request_stop()
-
-    try:
-        with pytest.raises(Preempted):
-            make_run(data8, "fedavg", rounds=6, sigma=2.0, checkpoint_every=2, model_fn=bn_model,
-                     log=stop_at_round_3).run(ckpt, "fp")
-    finally:
-        _STOP.clear()
+    preempt_at_round_3(lambda log: make_run(data8, "fedavg", rounds=6, sigma=2.0, checkpoint_every=2,
+                                            model_fn=bn_model, log=log), ckpt)
     again = make_run(data8, "fedavg", rounds=6, sigma=2.0, checkpoint_every=2, model_fn=bn_model)
     resumed = again.run(ckpt, "fp")
-    assert history(resumed) == history(full)
+    assert comparable(resumed) == comparable(full)
     torch.testing.assert_close(again.model[1].running_mean, full_run.model[1].running_mean)
 
 
@@ -274,16 +268,8 @@ def test_true_updates_survive_a_resume(data8, tmp_path):
     full.run()
     ckpt = tmp_path / "seed0.pt"
 
-    def stop_at_round_3(msg):
-        if msg.startswith("round 3/"):
-            request_stop()
-
-    try:
-        with pytest.raises(Preempted):
-            with_true_update(make_run(data8, "fedavg", rounds=6, sigma=2.0, checkpoint_every=2,
-                                      log=stop_at_round_3)).run(ckpt, "fp")
-    finally:
-        _STOP.clear()
+    preempt_at_round_3(lambda log: with_true_update(make_run(data8, "fedavg", rounds=6, sigma=2.0,
+                                                             checkpoint_every=2, log=log)), ckpt)
     resumed = with_true_update(make_run(data8, "fedavg", rounds=6, sigma=2.0, checkpoint_every=2))
     resumed.run(ckpt, "fp")
     (r1, c1), (r2, c2) = full.true_update_cosines(), resumed.true_update_cosines()

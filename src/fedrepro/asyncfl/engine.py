@@ -38,7 +38,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from fedrepro import seeding
 from fedrepro.algorithms.base import Algorithm
@@ -191,6 +190,8 @@ class AsyncRun:
         every ``eval_every``-th round is the same quantity, sampled."""
         if not self.measuring:
             return hook(*args)
+        from torch.utils.flop_counter import FlopCounterMode  # imports triton (0.4 s): only where it counts
+
         counter = FlopCounterMode(display=False)
         with counter:
             out = hook(*args)
