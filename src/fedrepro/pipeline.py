@@ -91,8 +91,11 @@ def partition(data: Path, spec: dict, seeds: list[int], outs: list[Path], log: C
 
 def train(spec: dict, data: Path, partitions: list[Path], seeds: list[int], index: Path,
           checkpoint_dir: Path, device: str, threads: int, log: Callable[[str], None],
-          engine: dict | None = None) -> None:
-    """Every seed of one method x setting; ``index`` (seeds.json) is written last and lists the folders."""
+          engine: dict | None = None, started: float | None = None) -> None:
+    """Every seed of one method x setting; ``index`` (seeds.json) is written last and lists the folders and,
+    given ``started`` (time.perf_counter() at the job's start), the job's wall seconds."""
+    import time
+
     from fedrepro.federations import job_of
     from fedrepro.io import atomic_write_json
 
@@ -107,7 +110,7 @@ def train(spec: dict, data: Path, partitions: list[Path], seeds: list[int], inde
     )
     atomic_write_json(index, {"runs": [
         {"seed": s, "dir": out_dirs[s].name, "status": r.status} for s, r in results.items()
-    ]})
+    ], **({"job_seconds": round(time.perf_counter() - started, 2)} if started is not None else {})})
 
 
 def finetune(spec: dict, runs_index: Path, source: Path, target: Path, checkpoint_dir: Path, index: Path,

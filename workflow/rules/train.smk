@@ -1,6 +1,8 @@
 # Training: one job per method x setting (the GPU-resourced unit), every seed inside it.
 # Each seed writes runs/{setting}/{method}/seed{N}/{metrics.csv,summary.json}; the job's declared output
 # is the index of those folders, written last, so a failed job keeps its finished seeds and checkpoints.
+# No `benchmark:` directive: its memory polling (psutil over /proc/<pid>/smaps twice a second in Snakemake's
+# own process) took ~5% of a 2-core laptop; the index records the job's wall seconds instead.
 
 
 rule train:
@@ -24,8 +26,6 @@ rule train:
         runtime=CFG["train_resources"]["runtime"],
     log:
         f"{RES}/{{study}}/logs/train/{{setting}}/{{method}}.log",
-    benchmark:
-        f"{RES}/{{study}}/benchmarks/train/{{setting}}/{{method}}.tsv"
     conda:
         "../../envs/torch.yaml"
     script:

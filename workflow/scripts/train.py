@@ -1,6 +1,9 @@
 """Train one method x setting, every seed of the study."""
 
 import sys
+import time
+
+STARTED = time.perf_counter()  # before torch's import: the job's wall seconds, recorded in its index
 
 # rules may run in conda envs where fedrepro is not installed: use the checkout
 sys.path.insert(0, f"{snakemake.scriptdir}/../../src")  # noqa: F821
@@ -11,5 +14,5 @@ sm = snakemake  # noqa: F821
 pipeline.main_from_snakemake(
     sm, pipeline.train, spec=sm.params.spec, data=sm.input.data, partitions=list(sm.input.partitions),
     seeds=list(sm.params.seeds), index=sm.output[0], checkpoint_dir=sm.params.checkpoint_dir,
-    device=sm.params.device, engine=sm.params.engine, threads=sm.threads,
+    device=sm.params.device, engine=sm.params.engine, threads=sm.threads, started=STARTED,
 )
