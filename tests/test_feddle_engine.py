@@ -226,16 +226,25 @@ def with_true_update(run: AsyncRun) -> AsyncRun:
     return run
 
 
-def test_true_update_is_the_pooled_datas_update_and_leaves_the_run_unchanged(data8):
-    # one client holding every sample, one full batch: its update is the pooled data's, cosine 1
-    torch.manual_seed(0)
-    cfg = TrainingConfig(rounds=3, local_epochs=1, batch_size=300, lr=0.05, join_ratio=1.0, eval_every=1)
-    model = build_model("cnn3_small", data8.shape, data8.num_classes)
-    one = with_true_update(AsyncRun(model, build_method("fedavg"), data8, [np.arange(300)], cfg,
-                                    AsyncConfig(delay_sigma=0.0, server_samples=50), seed=0, log=lambda m: None))
-    rows = one.run().history
-    assert [r["true_cos_mean"] for r in rows] == pytest.approx([1.0] * 3, abs=1e-5)
-    # the diagnostic draws from its own random streams and restores the model: the run is the same without it
+def test_true_update_is_the_size_weighted_mean_of_every_clients_update(data8):
+    # with every client sampled and no delay, FedAvg's step is sum_j |D_j|/|D| Delta_j: the paper's true update
+    run = with_true_update(make_run(data8, "fedavg", rounds=3, join=1.0))
+    steps, round_end = {}, run.method.round_end
+
+    def recording_round_end(w, rnd):
+        out = round_end(w, rnd)
+        steps[rnd] = (out - w).cpu()
+        return out
+
+    run.method.round_end = recording_round_end
+    rows = run.run().history
+    for rnd in (1, 2, 3):
+        torch.testing.assert_close(run.true_updates[rnd], steps[rnd], rtol=1e-5, atol=1e-7)
+    assert all(0 < r["true_cos_min"] <= r["true_cos_mean"] <= r["true_cos_max"] < 1 for r in rows)
+
+
+def test_true_update_leaves_the_run_unchanged(data8):
+    # the diagnostic restores the global random state and the model: the run is the same without it
     plain, logged = make_run(data8, "fedavg", rounds=4), with_true_update(make_run(data8, "fedavg", rounds=4))
     plain_rows, logged_rows = plain.run().history, logged.run().history
     torch.testing.assert_close(plain.flat.w, logged.flat.w, rtol=0, atol=0)
@@ -247,8 +256,8 @@ def test_true_update_is_the_pooled_datas_update_and_leaves_the_run_unchanged(dat
 
 
 def test_heterogeneous_clients_point_away_from_the_true_update(data8):
-    """Fig. 2a's point: clients with one or two classes each train away from the pooled data's direction,
-    IID clients along it."""
+    """Fig. 2a's point: clients with one or two classes each train away from the all-client mean update, IID
+    clients along it."""
     def mean_cosine(parts):
         torch.manual_seed(0)
         cfg = TrainingConfig(rounds=2, local_epochs=1, batch_size=16, lr=0.05, join_ratio=1.0, eval_every=1)

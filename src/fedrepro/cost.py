@@ -3,7 +3,7 @@
     python -m fedrepro.cost --configfile config/paper.yaml [--gpu-tflops 60 --step-floor-ms 1.5]
 
 Per run, SGD steps = rounds x sampled clients x local steps (epochs over ~N/K samples in batches, or the
-stragglers' mean; plus Feddle's Fig. 2 diagnostic, the pooled data's epochs in each evaluation round),
+stragglers' mean; plus Feddle's Fig. 2 diagnostic, every client's local steps in each evaluation round),
 counted from the study file and each data set's training size. Per-step FLOPs (forward
 and backward) come from torch.utils.flop_counter on the setting's model at its batch size. CPU seconds
 per step are measured here on a reference model and scaled by FLOPs; GPU seconds per step are
@@ -104,8 +104,8 @@ def run_steps(spec: dict) -> float:
     else:
         local = t["local_epochs"] * math.ceil(per_client / t["batch_size"])
     steps = t["rounds"] * sampled * local
-    if spec.get("async", {}).get("true_update"):  # Feddle's Fig. 2: the pooled data's update, each evaluation
-        steps += math.ceil(t["rounds"] / t["eval_every"]) * t["local_epochs"] * math.ceil(n / t["batch_size"])
+    if spec.get("async", {}).get("true_update"):  # Feddle's Fig. 2: every client trains in each evaluation
+        steps += math.ceil(t["rounds"] / t["eval_every"]) * clients * local
     return steps
 
 

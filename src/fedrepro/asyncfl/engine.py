@@ -13,11 +13,12 @@ Server data: the in-domain set is ``server_samples`` test samples drawn per seed
 (for every method of the setting, so all are tested on the same samples); the out-of-domain set is another
 data set's train split (other images, other labels). Each method says which one it trains on.
 
-With ``true_update`` (Feddle's Fig. 2), each evaluation round also trains the round's model on the union of
-every client's data with the clients' recipe (the "true" update of that round, as if all data were in one
-place) and logs the cosine of each update sent and received in this round to it; every evaluation round's true
-update is kept for the cosine between rounds (Fig. 2b, ``true_update_cosines``). A diagnostic: it draws from
-its own random streams, so the run's metrics do not change.
+With ``true_update`` (Feddle's Fig. 2), each evaluation round also trains every client from the round's model
+and takes the paper's true model update, Delta = sum_j |D_j| / |D| Delta_j over all J clients (Sec. 2), and
+logs the cosine of each update sent and received in this round to it; every evaluation round's true update is
+kept for the cosine between rounds (Fig. 2b, ``true_update_cosines``). A client's batches are those it would
+draw if sent that round, so a sampled client's update is its own term of the sum. A diagnostic: the global
+random state and the model's buffers are restored, so the run's metrics do not change.
 
 Clients are trained when their update arrives, from a snapshot of the model of their dispatch round (one
 snapshot per round, shared by that round's clients, dropped when the last of them arrives): the same result as
@@ -41,7 +42,7 @@ from torch import Tensor, nn
 
 from fedrepro import seeding
 from fedrepro.algorithms.base import Algorithm
-from fedrepro.asyncfl.base import AsyncMethod, Update
+from fedrepro.asyncfl.base import AsyncMethod, Update, weighted_mean
 from fedrepro.sim.checkpoint import close_round, load_checkpoint, module_buffers, restore_buffers, resume_progress
 from fedrepro.sim.sync import (
     DIVERGED_LOSS,
@@ -67,7 +68,7 @@ class AsyncConfig:
     ood_dataset: str | None = None  # the out-of-domain server data set (its train split)
     ood_samples: int | None = None  # a seeded subset of it (None: all)
     measure_cost: bool = False  # log the server's FLOPs and cache size (Table 6)
-    true_update: bool = False  # log the clients' cosine to the update of the pooled data (Fig. 2)
+    true_update: bool = False  # log the clients' cosine to the all-client weighted mean update (Fig. 2)
 
 
 def draw_delay(seed: int, rnd: int, cid: int, sigma: float) -> int:
@@ -161,16 +162,15 @@ class AsyncRun:
 
     # ----- the true update (Fig. 2)
     def true_update(self, w: Tensor, rnd: int) -> Tensor:
-        """The update of the clients' local training recipe run from ``w`` on every client's data at once.
-        Its batches are a pure function of (seed, round) (the client id one past the last client), the global
-        random state and the model's buffers (BatchNorm statistics) are restored: the run goes on unchanged."""
-        pooled = torch.cat(self.clients.clients)
+        """sum_j |D_j| / |D| Delta_j: every client trained from ``w`` with the batches of round ``rnd``; the
+        global random state and the model's buffers (BatchNorm statistics) are restored afterwards."""
         buffers = module_buffers(self.model)
         devices = [w.device] if w.device.type == "cuda" else []
+        sizes = [len(idx) for idx in self.clients.clients]
         with torch.random.fork_rng(devices=devices):
-            upload, _, _ = self.clients.train_client(self.num_clients, rnd, w, idx=pooled)
+            deltas = [self.clients.train_client(cid, rnd, w)[0]["delta"] for cid in range(self.num_clients)]
         restore_buffers(self.model, buffers)
-        return upload["delta"].detach()
+        return weighted_mean(deltas, sizes).detach()
 
     def true_update_cosines(self) -> tuple[np.ndarray, np.ndarray]:
         """(rounds, the cosine matrix of their true updates): Fig. 2b."""

@@ -31,8 +31,8 @@ KINDS = {
     "gain_lines": "accuracy gain of each method over its baseline across settings (mean over seeds of the "
                   "{metric} accuracy)",
     "per_class": "test accuracy per category, one colour per method; bars: mean over seeds, whiskers: ±1 sd",
-    "update_cosine": "(a) the cosine of each client's update to the true update (the update of the same local "
-                     "training on every client's data at once, from the same model) per round, one line per "
+    "update_cosine": "(a) the cosine of each client's update to the true update (the size-weighted mean of "
+                     "every client's update from the same model, Sec. 2 of the paper) per round, one line per "
                      "setting: mean over clients, band from the smallest to the largest, each averaged over "
                      "seeds; (b) the cosine between the true updates of two rounds, seed {seed}",
     "tsne": "a t-SNE of the server's per-class vectors (diamonds) among the clients' own representations of "

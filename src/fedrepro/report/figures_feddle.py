@@ -1,7 +1,8 @@
-"""Feddle Fig. 2: (a) the cosine of the clients' updates to the true update (the pooled data's, from the same
-model) per round, one line per data heterogeneity level (mean over clients, band from the smallest to the
-largest client, each averaged over seeds); (b) the cosine between the true updates of different rounds, one
-seed's ``true_update_cosines.npz`` (fedrepro.asyncfl.job). Both come from runs with ``async.true_update``."""
+"""Feddle Fig. 2: (a) the cosine of the clients' updates to the true update (sum_j |D_j|/|D| Delta_j over every
+client, from the same model) per round, one line per data heterogeneity level (mean over clients, band from the
+smallest to the largest client, each averaged over seeds); (b) the cosine between the true updates of different
+rounds, one seed's ``true_update_cosines.npz`` (fedrepro.asyncfl.job). Both come from runs with
+``async.true_update``."""
 
 from __future__ import annotations
 

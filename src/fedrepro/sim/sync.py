@@ -119,12 +119,10 @@ class FederatedRun:
                     history=result.history, status=result.status, diverged_round=result.diverged_round,
                     bytes_up=bytes_up, bytes_down=bytes_down, seconds=seconds)
 
-    def train_client(self, cid: int, rnd: int, w_global: torch.Tensor,
-                     idx: torch.Tensor | None = None) -> tuple[dict, torch.Tensor, int]:
-        """E local epochs of SGD from ``w_global``; returns (upload, summed batch loss, samples seen).
-        ``idx``: train on these samples instead of client ``cid``'s (Feddle's Fig. 2: the pooled data)."""
+    def train_client(self, cid: int, rnd: int, w_global: torch.Tensor) -> tuple[dict, torch.Tensor, int]:
+        """E local epochs of SGD from ``w_global``; returns (upload, summed batch loss, samples seen)."""
         cfg, flat, alg = self.cfg, self.flat, self.alg
-        idx = self.clients[cid] if idx is None else idx
+        idx = self.clients[cid]
         n = len(idx)
         client = Client(cid=cid, round=rnd, w_start=w_global, num_samples=n)
         flat.load(w_global)
