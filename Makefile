@@ -15,8 +15,7 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 
 # every artifact, the scorecard and the README showcase, then the HTML report of all of them
 run: $(VENV)/.installed
-	$(BIN)/snakemake --cores $(CORES)
-	$(BIN)/snakemake --report results/report.html
+	$(BIN)/snakemake --cores $(CORES) --report results/report.html --report-after-run
 
 test: $(VENV)/.installed browser
 	$(BIN)/python -m pytest -q
