@@ -42,7 +42,7 @@ from torch import Tensor, nn
 
 from fedrepro import seeding
 from fedrepro.algorithms.base import Algorithm
-from fedrepro.asyncfl.base import AsyncMethod, Update, weighted_mean
+from fedrepro.asyncfl.base import AsyncMethod, Update
 from fedrepro.sim.checkpoint import close_round, load_checkpoint, module_buffers, restore_buffers, resume_progress
 from fedrepro.sim.sync import (
     DIVERGED_LOSS,
@@ -166,11 +166,13 @@ class AsyncRun:
         global random state and the model's buffers (BatchNorm statistics) are restored afterwards."""
         buffers = module_buffers(self.model)
         devices = [w.device] if w.device.type == "cuda" else []
-        sizes = [len(idx) for idx in self.clients.clients]
+        total = sum(len(idx) for idx in self.clients.clients)
+        true = torch.zeros_like(w)
         with torch.random.fork_rng(devices=devices):
-            deltas = [self.clients.train_client(cid, rnd, w)[0]["delta"] for cid in range(self.num_clients)]
+            for cid, idx in enumerate(self.clients.clients):  # summed as they come: 500 deltas would not fit
+                true.add_(self.clients.train_client(cid, rnd, w)[0]["delta"], alpha=len(idx) / total)
         restore_buffers(self.model, buffers)
-        return weighted_mean(deltas, sizes).detach()
+        return true
 
     def true_update_cosines(self) -> tuple[np.ndarray, np.ndarray]:
         """(rounds, the cosine matrix of their true updates): Fig. 2b."""
