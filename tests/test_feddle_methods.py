@@ -131,7 +131,9 @@ def test_ca2fl_caches_each_clients_latest_update_and_calibrates_with_the_cache()
     torch.testing.assert_close(ca2fl.state["cache_sum"], sum(ca2fl.state["cache"].values()))
 
 
-def test_feddle_ood_searches_with_a_fresh_head_for_other_labels(digits_prepared):
+@pytest.fixture
+def digits_with_ood(digits_prepared) -> tuple[DeviceData, DeviceData]:
+    """200 train / 150 test digits at 8x8, and 60 noise images with 3 other labels as out-of-domain server data."""
     from fedrepro.sim.tensors import to_device_data
 
     data = to_device_data(digits_prepared, torch.device("cpu"), image_size=8)
@@ -140,6 +142,11 @@ def test_feddle_ood_searches_with_a_fresh_head_for_other_labels(digits_prepared)
     gen = torch.Generator().manual_seed(0)
     ood = DeviceData(x_train=torch.randn(60, 1, 8, 8, generator=gen), y_train=torch.randint(0, 3, (60,), generator=gen),
                      x_test=torch.zeros(0, 1, 8, 8), y_test=torch.zeros(0, dtype=torch.long), num_classes=3)
+    return data, ood
+
+
+def test_feddle_ood_searches_with_a_fresh_head_for_other_labels(digits_with_ood):
+    data, ood = digits_with_ood
     torch.manual_seed(0)
     model = build_model("cnn3_small", data.shape, 10)
     parts = [torch.arange(i, 200, 5).numpy() for i in range(5)]
@@ -170,15 +177,8 @@ def test_server_data_methods_run(name, digits_prepared):
     assert torch.isfinite(run.flat.w).all() and not torch.equal(run.flat.w, w0)
 
 
-def test_gradient_cosine_is_one_in_domain_and_a_cosine_out_of_domain(digits_prepared):
-    from fedrepro.sim.tensors import to_device_data
-
-    data = to_device_data(digits_prepared, torch.device("cpu"), image_size=8)
-    data = dataclasses.replace(data, x_train=data.x_train[:200], y_train=data.y_train[:200],
-                               x_test=data.x_test[:150], y_test=data.y_test[:150])
-    gen = torch.Generator().manual_seed(0)
-    ood = DeviceData(x_train=torch.randn(60, 1, 8, 8, generator=gen), y_train=torch.randint(0, 3, (60,), generator=gen),
-                     x_test=torch.zeros(0, 1, 8, 8), y_test=torch.zeros(0, dtype=torch.long), num_classes=3)
+def test_gradient_cosine_is_one_in_domain_and_a_cosine_out_of_domain(digits_with_ood):
+    data, ood = digits_with_ood
     rows = {}
     for kind in ("in_domain", "out_of_domain"):
         torch.manual_seed(0)
