@@ -314,3 +314,14 @@ def test_make_run_builds_the_report_and_make_test_installs_the_browser() -> None
     test, browser = make.split("\ntest:")[1].split("\n")[0], make.split("\nbrowser:")[1].split("\n\n")[0]
     assert "browser" in test.split()
     assert "apt-get install" in browser and "chromium chromium-driver" in browser
+
+
+def test_cell_metrics_read_as_words() -> None:
+    from fedrepro.report.scorecard import accuracy_summary
+
+    spec = {"name": "t", "metric": "last_k_max_acc", "target_acc": 55, "columns": [
+        {"setting": "a"}, {"setting": "a", "metric": "rounds_to_acc"},
+        {"setting": "a", "metric": "round_bytes_up", "reduce": "mean", "scale": 1.0e-6},
+        {"setting": "a", "metric": "cache_mb", "round": 20}]}
+    assert accuracy_summary(spec) == ("max of last k; rounds to 55% accuracy; round bytes up (mean over "
+                                      "evaluations, x 1e-06); cache mb at round 20")

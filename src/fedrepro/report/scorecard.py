@@ -36,6 +36,7 @@ SUMMARIES = {
     "last_k_acc": "mean of last k",
     "target_acc": "final (after fine-tuning)",
     "best_target_acc": "best (over fine-tuning epochs)",
+    "last_k_max_acc": "max of last k",
 }
 HAVE_VALUE = ("ok", "partial")
 RANK_MIN_ROWS = 3  # Kendall's tau over fewer rows says little
@@ -73,8 +74,22 @@ class TableScore:
 def accuracy_summary(spec: dict) -> str:
     """Which number the table's cells show: final, best or mean of last k (or a per-column metric)."""
     metrics = [metric_key(spec, c) for c in spec["columns"]]
-    names = [SUMMARIES.get(m, m) for m in dict.fromkeys(metrics)]
-    return ", ".join(names)
+    return "; ".join(metric_words(m) for m in dict.fromkeys(metrics))
+
+
+def metric_words(key: str) -> str:
+    """A cell metric's key (fedrepro.report.derived.metric_key) in words: "round_bytes_up@mean*1e-06" ->
+    "round bytes up (mean over evaluations, x 1e-06)"; "cache_mb@20" -> "cache mb at round 20"."""
+    if key in SUMMARIES:
+        return SUMMARIES[key]
+    if key.startswith("rounds_to_"):
+        return f"rounds to {key.removeprefix('rounds_to_')}% accuracy"
+    name, _, how = key.partition("@")
+    words = name.replace("_", " ")
+    if how.startswith("mean"):
+        scale = how.removeprefix("mean").removeprefix("*")
+        return f"{words} (mean over evaluations" + (f", x {scale})" if scale else ")")
+    return f"{words} at round {how}" if how else words
 
 
 def _grid(spec: dict, cells: pd.DataFrame, column: str) -> list[list[float]]:
