@@ -18,7 +18,6 @@ source domain its own client.
 
 from __future__ import annotations
 
-import io
 import json
 import zipfile
 from pathlib import Path, PurePosixPath
@@ -27,6 +26,7 @@ import numpy as np
 
 from fedrepro.data.download import DownloadError, fetch
 from fedrepro.data.format import load_prepared
+from fedrepro.data.images import decode_image
 from fedrepro.data.vision import Arrays, _raw
 
 DOMAINS = ("clipart", "infograph", "painting", "quickdraw", "real", "sketch")
@@ -102,14 +102,6 @@ def _split_list(path: Path) -> list[tuple[str, int]]:
     return out
 
 
-def _decode(data: bytes, side: int) -> np.ndarray:
-    from PIL import Image
-
-    with Image.open(io.BytesIO(data)) as img:
-        img.draft("RGB", (2 * side, 2 * side))  # JPEG: decode at a reduced scale (>= 2x the target) first
-        return np.asarray(img.convert("RGB").resize((side, side), Image.BILINEAR), dtype=np.uint8)
-
-
 def prepare_domain(domain: str, raw_dir: Path, side: int = SIDE) -> Arrays:
     """One DomainNet domain from its zip and official split lists (read in place)."""
     with zipfile.ZipFile(_raw(raw_dir, f"{domain}.zip")) as zf:
@@ -131,7 +123,7 @@ def prepare_domain(domain: str, raw_dir: Path, side: int = SIDE) -> Arrays:
                                      f"folders (expected label {index.get(parts[1]) if len(parts) == 3 else '?'})")
                 if member not in names:
                     raise ValueError(f"{domain}_{split}.txt lists {member}, which {domain}.zip lacks")
-                x[i], y[i] = _decode(zf.read(member), side), label
+                x[i], y[i] = decode_image(zf.read(member), member, side, draft=True), label
             arrays += [x, y]
     meta = {"name": f"domainnet_{domain}", "num_classes": len(classes), "classes": classes,
             "shape": [side, side, 3], "source": BASE + ZIP_PATH[domain], "license": LICENSE, "domain": domain}

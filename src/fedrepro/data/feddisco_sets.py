@@ -20,7 +20,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import html
-import io
 import re
 import tarfile
 import zipfile
@@ -33,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from fedrepro.data.download import ChecksumError, DownloadError, fetch, md5sum
+from fedrepro.data.images import decode_image
 from fedrepro.data.vision import Arrays
 
 
@@ -181,20 +181,6 @@ def _raw(raw_dir: Path, fname: str) -> Path:
 # ---------------------------------------------------------------- images
 
 
-def _decode(data: bytes, where: str, size: int | None = None) -> np.ndarray:
-    """Image bytes -> uint8 RGB [H, W, 3], resized to size x size (bilinear, as torchvision's Resize)."""
-    from PIL import Image  # lazy: importing PIL costs time that light rules should not pay
-
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            img = img.convert("RGB")
-            if size is not None and img.size != (size, size):
-                img = img.resize((size, size), Image.Resampling.BILINEAR)
-            return np.asarray(img, dtype=np.uint8)
-    except OSError as e:
-        raise ValueError(f"{where}: not a readable image ({e})") from e
-
-
 def _per_class_subset(y: np.ndarray, per_class: int, num_classes: int, seed: int, what: str) -> np.ndarray:
     """Sorted indices of `per_class` samples drawn uniformly without replacement from every class."""
     rng = np.random.default_rng(seed)
@@ -226,7 +212,7 @@ def prepare_cinic10(raw_dir: Path, include_valid: bool = False, test_per_class: 
                 continue
             f = tar.extractfile(member)
             assert f is not None  # a regular file always has a body
-            x = _decode(f.read(), f"{path}:{member.name}")
+            x = decode_image(f.read(), f"{path}:{member.name}")
             if x.shape != (32, 32, 3):
                 raise ValueError(f"{path}:{member.name}: image is {x.shape[1]}x{x.shape[0]}, expected 32x32")
             found[(splits.index(split), CINIC_CLASSES.index(cls), member.name)] = x
@@ -285,7 +271,7 @@ def prepare_ham10000(raw_dir: Path, image_size: int = 56, test_per_class: int = 
                     continue
                 if stem in images:
                     raise ValueError(f"{zpath}: {info.filename} appears twice in the HAM10000 zips")
-                images[stem] = _decode(zf.read(info), f"{zpath}:{info.filename}", image_size)
+                images[stem] = decode_image(zf.read(info), f"{zpath}:{info.filename}", image_size)
     absent = [i for i in ids if i not in images]
     if absent:
         raise ValueError(f"{len(absent)} image(s) of {meta_path.name} are in neither zip, e.g. "

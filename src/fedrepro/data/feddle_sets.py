@@ -34,7 +34,6 @@ fixed seeds are part of each data set's definition, never a run's seed.
 from __future__ import annotations
 
 import hashlib
-import io
 import string
 import zipfile
 from collections.abc import Iterator
@@ -44,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from fedrepro.data.download import ChecksumError, DownloadError, fetch, md5sum
-from fedrepro.data.fedl2g_sets import _decode
+from fedrepro.data.images import decode_image
 from fedrepro.data.vision import SOURCES, _raw, prepare_cifar100
 
 # Arrays plus the extra per-sample arrays (fedrepro.data.format.EXTRA_ARRAYS)
@@ -148,19 +147,6 @@ def femnist_classes_by_hash(by_class: Path) -> dict[bytes, int]:
     return classes
 
 
-def _grey(data: bytes, side: int, where: str) -> np.ndarray:
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            img = img.convert("L")
-            if img.size != (side, side):
-                img = img.resize((side, side), Image.LANCZOS)
-            return np.asarray(img, dtype=np.uint8)
-    except (UnidentifiedImageError, OSError) as e:
-        raise ValueError(f"{where}: not a readable image ({e})") from None
-
-
 def prepare_femnist(raw_dir: Path, clients: int = CLIENTS, select: str = "random") -> ArraysWithExtras:
     """FEMNIST's first 40 classes, ``clients`` writers (see the module docstring), 28x28 grey."""
     raw_dir = Path(raw_dir)
@@ -181,7 +167,8 @@ def prepare_femnist(raw_dir: Path, clients: int = CLIENTS, select: str = "random
             raise ValueError(f"{by_write}: no image under by_write/hsf_<k>/<writer>/<type>/ matches an image of the "
                              f"first {FEMNIST_CLASSES} classes in {BY_CLASS} ({counts}); are these NIST SD19's zips?")
         chosen, split = select_and_split(samples, clients, FEMNIST_MIN_SAMPLES, select, f"{by_write}")
-        images = {part: _stack([_grey(zf.read(n), FEMNIST_SIDE, f"{by_write} member {n}")[..., None]
+        images = {part: _stack([decode_image(zf.read(n), f"{by_write} member {n}", FEMNIST_SIDE, grey=True,
+                                             resample="lanczos")[..., None]
                                 for n, _, _ in items], (FEMNIST_SIDE, FEMNIST_SIDE, 1))
                   for part, items in split.items()}
     meta = {"name": "femnist", "num_classes": FEMNIST_CLASSES, "classes": list(LEAF_CLASSES[:FEMNIST_CLASSES]),
@@ -337,8 +324,8 @@ def prepare_celeba_smiling(raw_dir: Path, clients: int = CLIENTS, select: str = 
             if absent:
                 raise ValueError(f"{zip_path}: lacks {len(absent)} image(s) listed in {id_path}, e.g. "
                                  f"{CELEBA_IMAGES}{absent[0]}")
-            images[part] = _stack([_decode(zf.read(CELEBA_IMAGES + image), CELEBA_SIDE,
-                                           f"{zip_path} member {CELEBA_IMAGES}{image}")
+            images[part] = _stack([decode_image(zf.read(CELEBA_IMAGES + image),
+                                                f"{zip_path} member {CELEBA_IMAGES}{image}", CELEBA_SIDE, draft=True)
                                    for image, _, _ in items], (CELEBA_SIDE, CELEBA_SIDE, 3))
     meta = {"name": "celeba_smiling", "num_classes": 2, "classes": ["not smiling", "smiling"],
             "shape": [CELEBA_SIDE, CELEBA_SIDE, 3], "writers": chosen, "writer_selection": select,

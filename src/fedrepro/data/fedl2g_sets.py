@@ -28,7 +28,6 @@ torchvision's ``Resize((64, 64))`` in PFLlib). Archives are read in place; nothi
 
 from __future__ import annotations
 
-import io
 import tarfile
 import zipfile
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from fedrepro.data.download import DownloadError, fetch
+from fedrepro.data.images import decode_image
 from fedrepro.data.vision import Arrays, _raw
 
 SIDE = 32
@@ -103,20 +103,6 @@ def manual_instructions(name: str) -> str:
     return "\n".join(lines)
 
 
-def _decode(data: bytes, side: int, where: str) -> np.ndarray:
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            img.draft("RGB", (2 * side, 2 * side))  # JPEG: decode at a reduced scale (>= 2x the target) first
-            img = img.convert("RGB")
-            if img.size != (side, side):
-                img = img.resize((side, side), Image.BILINEAR)
-            return np.asarray(img, dtype=np.uint8)
-    except (UnidentifiedImageError, OSError) as e:
-        raise ValueError(f"{where}: not a readable image ({e})") from None
-
-
 # ---------------------------------------------------------------- Flowers102
 
 
@@ -166,7 +152,7 @@ def _flowers_images(tgz: Path, wanted: set[int], side: int) -> dict[int, np.ndar
                     continue
                 image_id = int(p.stem[6:])
                 if image_id in wanted:
-                    out[image_id] = _decode(tar.extractfile(m).read(), side, f"{tgz} member {m.name}")
+                    out[image_id] = decode_image(tar.extractfile(m).read(), f"{tgz} member {m.name}", side, draft=True)
     except (tarfile.TarError, EOFError, OSError) as e:
         raise ValueError(f"{tgz}: not a readable .tgz archive ({type(e).__name__}: {e})") from None
     missing = sorted(wanted - set(out))
@@ -292,7 +278,7 @@ def prepare_tiny_imagenet(raw_dir: Path, side: int = SIDE) -> Arrays:
                     data = zf.read(member)
                 except (zipfile.BadZipFile, KeyError) as e:  # a damaged member (CRC), or one the index lacks
                     raise ValueError(f"{zpath}: cannot read {member} ({e})") from None
-                x[i] = _decode(data, side, f"{zpath} member {member}")
+                x[i] = decode_image(data, f"{zpath} member {member}", side, draft=True)
             arrays += [x, np.array([label for _, label in members], dtype=np.int64)]
         class_names = _tiny_words(zf, wnids)
     remote = REMOTES["tiny_imagenet"]

@@ -10,12 +10,13 @@ balance, the archive order and the 32x32 size (Feddle's CNN input) are our choic
 
 from __future__ import annotations
 
-import io
 import tarfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from fedrepro.data.images import decode_image
 
 ARCHIVE = "ILSVRC2012_img_train.tar"
 FILES = (ARCHIVE,)
@@ -41,19 +42,6 @@ def check(raw_dir: Path, mirror: str | None = None, checksums: dict[str, str] | 
     return [path]
 
 
-def _square_resize(data: bytes, where: str) -> np.ndarray:
-    from PIL import Image  # lazy: light rules should not pay for PIL
-
-    try:
-        im = Image.open(io.BytesIO(data)).convert("RGB")
-    except Exception as exc:  # PIL raises several types for broken images
-        raise ValueError(f"{where}: not a readable image ({exc})") from exc
-    w, h = im.size
-    s = min(w, h)
-    im = im.crop(((w - s) // 2, (h - s) // 2, (w - s) // 2 + s, (h - s) // 2 + s))
-    return np.asarray(im.resize((SIDE, SIDE), Image.BILINEAR), dtype=np.uint8)
-
-
 def prepare(raw_dir: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
     """(x_train, y_train, x_test, y_test, meta) from the archive, streamed once."""
     path = check(raw_dir)[0]
@@ -69,7 +57,8 @@ def prepare(raw_dir: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarr
                     if len(images) == TRAIN_PER_CLASS + TEST_PER_CLASS:  # the rest of the class is skipped
                         break
                     if jpeg.isfile():
-                        images.append(_square_resize(inner.extractfile(jpeg).read(), f"{path}:{jpeg.name}"))
+                        images.append(decode_image(inner.extractfile(jpeg).read(), f"{path}:{jpeg.name}", SIDE,
+                                                   center_crop=True))
     need = TRAIN_PER_CLASS + TEST_PER_CLASS
     short = sorted(w for w, ims in per_class.items() if len(ims) < need)
     if len(per_class) != NUM_CLASSES or short:
