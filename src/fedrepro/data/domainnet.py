@@ -123,7 +123,7 @@ def prepare_domain(domain: str, raw_dir: Path, side: int = SIDE) -> Arrays:
                                      f"folders (expected label {index.get(parts[1]) if len(parts) == 3 else '?'})")
                 if member not in names:
                     raise ValueError(f"{domain}_{split}.txt lists {member}, which {domain}.zip lacks")
-                x[i], y[i] = decode_image(zf.read(member), member, side, draft=True), label
+                x[i], y[i] = decode_image(zf.read(member), f"{domain}.zip member {member}", side, draft=True), label
             arrays += [x, y]
     meta = {"name": f"domainnet_{domain}", "num_classes": len(classes), "classes": classes,
             "shape": [side, side, 3], "source": BASE + ZIP_PATH[domain], "license": LICENSE, "domain": domain}
