@@ -233,3 +233,19 @@ def test_atomic_writes_honour_the_umask(tmp_path):
         os.umask(old)
     assert path.read_text() == "hello" and (path.stat().st_mode & 0o777) == 0o644
     assert not list(tmp_path.glob(".x.txt.*"))  # no temp file left behind
+
+
+def test_test_samples_evaluates_a_fixed_stratified_subset(tmp_path) -> None:
+    from fedrepro.data.registry import prepare_dataset
+    from fedrepro.train import job_data
+
+    path = tmp_path / "digits.npz"
+    prepare_dataset("digits", path)
+    spec = {"partition": {"kind": "iid", "clients": 2}, "image_size": None, "channels": None}
+    _, full, _ = job_data(spec, path, "cpu", 1)
+    _, sub, data = job_data({**spec, "test_samples": 100}, path, "cpu", 1)
+    _, again, _ = job_data({**spec, "test_samples": 100}, path, "cpu", 1)
+    assert len(sub.y_test) == len(data.y_test) == 100 and np.array_equal(sub.y_test, again.y_test)
+    shares = np.bincount(full.y_test, minlength=10) / len(full.y_test)
+    assert np.abs(np.bincount(sub.y_test, minlength=10) / 100 - shares).max() <= 0.01 + 1e-9
+    assert len(full.x_train) == len(sub.x_train)  # training data untouched

@@ -18,6 +18,7 @@ from fedrepro.partition import (
     load_partition_spec,
     longtail_counts,
     longtail_test_indices,
+    stratified_subset,
     make_partition,
     niid2_partition,
     partition_stats,
@@ -314,3 +315,27 @@ def test_longtail_test_indices(rho: float) -> None:
     assert np.bincount(labels[idx], minlength=C).tolist() == longtail_counts(100, rho, C).tolist()
     other = longtail_test_indices(labels, rho, np.random.default_rng(1))
     assert rho == 1 or not np.array_equal(idx, other)  # a random subset, not the first samples of each class
+
+
+def test_stratified_subset_keeps_class_shares() -> None:
+    labels = np.repeat(np.arange(4), [400, 300, 200, 100])
+    sub = stratified_subset(labels, 100, np.random.default_rng(0))
+    assert len(sub) == len(np.unique(sub)) == 100
+    assert np.bincount(labels[sub]).tolist() == [40, 30, 20, 10]
+    with pytest.raises(ValueError, match="samples: 1001"):
+        stratified_subset(labels, 1001, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("spec", [{"kind": "dirichlet", "clients": 5, "beta": 0.5},
+                                  {"kind": "niid2", "clients": 6, "biased": 5, "unbiased": 1}])
+def test_partition_of_a_sample_subset(spec: dict) -> None:
+    labels = np.repeat(np.arange(10), 300)
+    parts = make_partition(labels, {**spec, "samples": 1000}, seed=3)
+    flat = np.concatenate(parts)
+    assert len(flat) == len(np.unique(flat)) and len(flat) <= 1000
+    # the clients' samples come from the stratified subset, indices into the full label array
+    subset = stratified_subset(labels, 1000, np.random.default_rng([3, 1]))
+    assert np.isin(flat, subset).all()
+    assert [p.tolist() for p in parts] == [p.tolist() for p in make_partition(labels, {**spec, "samples": 1000}, seed=3)]
+    with pytest.raises(ValueError, match="does not apply to kind 'writer'"):
+        make_partition(labels, {"kind": "writer", "clients": 2, "samples": 10}, seed=0, groups=labels)

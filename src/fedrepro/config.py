@@ -331,6 +331,8 @@ def run_spec(study: dict, setting: str, method: str) -> dict[str, Any]:
         "dataset": s["dataset"], "partition": s["partition"], "model": s["model"],
         "image_size": s.get("image_size"), "channels": s.get("channels"),
         "test_longtail_rho": s.get("test_longtail_rho"),
+        # only settings that set it carry the key, so other runs' specs (and checkpoint digests) are unchanged
+        **({"test_samples": s["test_samples"]} if s.get("test_samples") else {}),
         "algorithm": m["algorithm"], "hparams": m["hparams"], "weighting": m["weighting"],
         "training": run_training(study, setting, method),
         # only async studies carry the key, so the specs (and checkpoint digests) of the others are unchanged

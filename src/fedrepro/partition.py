@@ -33,6 +33,7 @@ __all__ = [
     "partition_stats",
     "pathological_partition",
     "save_partition",
+    "stratified_subset",
     "writer_partition",
 ]
 
@@ -425,12 +426,35 @@ def writer_partition(groups: np.ndarray, n_clients: int, rng: np.random.Generato
     return _finish([order[a:b] for a, b in zip(starts, ends, strict=True)])
 
 
+def stratified_subset(labels: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Sorted indices of ``n`` samples drawn without replacement, each class keeping its share of ``labels``
+    (largest remainders, so the counts sum to exactly ``n``)."""
+    labels = _check_inputs(labels, 1)
+    if not 1 <= n <= len(labels):
+        raise ValueError(f"samples: {n} must lie in 1..{len(labels)} (the data set's training samples)")
+    classes, counts = np.unique(labels, return_counts=True)
+    exact = counts * n / len(labels)
+    keep = np.floor(exact).astype(int)
+    keep[np.argsort(-(exact - keep), kind="stable")[: n - keep.sum()]] += 1
+    picked = [rng.choice(np.flatnonzero(labels == c), size=k, replace=False) for c, k in zip(classes, keep)]
+    return np.sort(np.concatenate(picked)).astype(np.int64)
+
+
 def make_partition(labels: np.ndarray, spec: dict, seed: int, meta: dict | None = None,
                    groups: np.ndarray | None = None) -> list[np.ndarray]:
     """Partition ``labels`` as ``spec["kind"]`` says, driven by ``np.random.default_rng(seed)``; kind
     ``domain`` reads the domains' sizes from the data set's ``meta``, kind ``writer`` the per-sample writer
-    ids ``groups`` (the prepared data set's ``groups_train``)."""
+    ids ``groups`` (the prepared data set's ``groups_train``). With ``spec["samples"]`` only a seeded,
+    class-stratified subset of that many samples is partitioned (laptop scale: the paper's clients, fewer
+    samples each); indices still point into the full ``labels``."""
     kind = spec.get("kind")
+    if spec.get("samples"):
+        if kind in ("domain", "writer"):
+            raise ValueError(f"partition key 'samples' does not apply to kind {kind!r} (its clients are fixed)")
+        # its own stream, so the partition of the subset draws as it would on a data set of that size
+        subset = stratified_subset(labels, spec["samples"], np.random.default_rng([seed, 1]))
+        rest = {k: v for k, v in spec.items() if k != "samples"}
+        return [subset[p] for p in make_partition(np.asarray(labels)[subset], rest, seed, meta, groups)]
     if kind == "domain":
         if not meta or "domain_sizes_train" not in meta:
             raise ValueError("partition kind 'domain' needs a multi-domain data set (meta domain_sizes_train)")

@@ -19,7 +19,7 @@ from fedrepro.algorithms import build_algorithm
 from fedrepro.data.format import Prepared, load_prepared
 from fedrepro.io import atomic_write_json, atomic_write_text
 from fedrepro.models import build_model
-from fedrepro.partition import load_partition, longtail_test_indices
+from fedrepro.partition import load_partition, longtail_test_indices, stratified_subset
 from fedrepro.seeding import INIT, derive_seed
 from fedrepro.sim.sync import FederatedRun, RunResult, TrainingConfig, request_stop
 from fedrepro.sim.tensors import DeviceData, to_device_data
@@ -101,6 +101,9 @@ def job_data(spec: dict, data_path: Path, device: str, threads: int) -> tuple[to
     if spec.get("test_longtail_rho"):
         # FedDisco Table 5: test on a long-tailed set matching the long-tailed training data
         keep = longtail_test_indices(prepared.y_test, spec["test_longtail_rho"], np.random.default_rng(0))
+        prepared = dataclasses.replace(prepared, x_test=prepared.x_test[keep], y_test=prepared.y_test[keep])
+    if spec.get("test_samples") and spec["test_samples"] < len(prepared.y_test):
+        keep = stratified_subset(prepared.y_test, spec["test_samples"], np.random.default_rng(0))
         prepared = dataclasses.replace(prepared, x_test=prepared.x_test[keep], y_test=prepared.y_test[keep])
     return dev, prepared, to_device_data(prepared, dev, spec.get("image_size"), spec.get("channels"))
 
