@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 CORES ?= 2
 
-.PHONY: run test browser lint bench cost clean-results
+.PHONY: run test browser fashion-mnist lint bench cost clean-results
 
 $(VENV)/.installed: requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,10 +14,10 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	touch $@
 
 # every artifact, the scorecard and the README showcase, then the HTML report of all of them
-run: $(VENV)/.installed
+run: $(VENV)/.installed fashion-mnist
 	$(BIN)/snakemake --cores $(CORES) --report results/report.html --report-after-run
 
-test: $(VENV)/.installed browser
+test: $(VENV)/.installed browser fashion-mnist
 	$(BIN)/python -m pytest -q
 
 # Headless Chromium for tests/test_report_browser.py: installed with apt-get where missing and we are root
@@ -27,6 +27,16 @@ browser:
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
 	else echo "chromium or chromedriver missing (not root): the report's browser test will be skipped"; fi
+
+# Fashion-MNIST's four idx files from Debian's package (the config's local_data_dirs looks in its directory
+# before the network): installed with apt-get where missing and we are root; elsewhere the download step
+# uses the network, and the test of the package's files is skipped with the reason.
+FASHION_MNIST_DIR := /usr/share/datasets/fashion-mnist
+fashion-mnist:
+	@if [ -f $(FASHION_MNIST_DIR)/train-images-idx3-ubyte.gz ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist; \
+	else echo "dataset-fashion-mnist missing (not root): Fashion-MNIST will be downloaded from the network"; fi
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check src tests benchmarks workflow/scripts

@@ -36,12 +36,15 @@ def rule_log(path: str | Path | None) -> Iterator[Callable[[str], None]]:
             handle.close()
 
 
-def download(dataset: str, raw_dir: Path, mirror: str | None, log: Callable[[str], None]) -> None:
+def download(dataset: str, raw_dir: Path, mirror: str | None, log: Callable[[str], None],
+             local_dirs: list[str] | None = None) -> None:
     from fedrepro.data.download import md5sum
     from fedrepro.data.registry import download_dataset
     from fedrepro.io import atomic_write_json
 
-    paths = download_dataset(dataset, Path(raw_dir), mirror=mirror)
+    if local_dirs:
+        log(f"{dataset}: looking in {', '.join(local_dirs)} before the network")
+    paths = download_dataset(dataset, Path(raw_dir), mirror=mirror, local_dirs=local_dirs or ())
     for p in paths:
         log(f"{dataset}: {p} ({p.stat().st_size} bytes, checksum verified)")
     # the rule's declared output, written last: what was fetched, with the md5 of each file (the record

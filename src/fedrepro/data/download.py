@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
+import shutil
 import time
 import urllib.error
 import urllib.request
+import zlib
+from collections.abc import Iterable
 from pathlib import Path
 
 _CHUNK = 1 << 20
@@ -19,7 +23,8 @@ class DownloadError(RuntimeError):
 
 
 class ChecksumError(ValueError):
-    """Downloaded bytes do not match the expected md5 (the bad file is quarantined as .corrupt)."""
+    """A file fails its content checks (md5, and decompressed sha256 where known); the message names the
+    file and each check that failed. A downloaded file is quarantined as .corrupt; a local copy is left."""
 
 
 class _Truncated(Exception):
@@ -34,6 +39,78 @@ def md5sum(path: Path) -> str:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()
+
+
+def payload_sha256(path: Path) -> str:
+    """Hex sha256 of a gzip file's decompressed bytes: the same for every recompression of one payload.
+
+    Raises EOFError, gzip.BadGzipFile or zlib.error on a truncated or damaged stream.
+    """
+    h = hashlib.sha256()
+    with gzip.open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def content_problem(path: Path, md5: str | None, payload_sha: str | None = None) -> str | None:
+    """None when `path` has the publisher's md5 or, for a gzip file, the expected decompressed sha256;
+    otherwise each check that failed, in words.
+
+    The publisher's md5 covers the compressed bytes, which a repackager (Debian recompresses its
+    dataset-* packages) changes without touching the content: the sha256 of the decompressed payload
+    accepts such a copy, while a truncated or altered one fails both. With neither checksum (a
+    publisher that prints none) any file passes.
+    """
+    if md5 is None and payload_sha is None:
+        return None
+    failed = []
+    if md5 is not None:
+        actual_md5 = md5sum(path)
+        if actual_md5 == md5.lower():
+            return None
+        failed.append(f"md5 mismatch: expected {md5.lower()}, actual {actual_md5}")
+    if payload_sha is not None:
+        try:
+            actual_sha = payload_sha256(path)
+        except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+            failed.append(f"decompressed sha256 not computable: damaged or truncated gzip stream ({e})")
+        else:
+            if actual_sha == payload_sha.lower():
+                return None
+            failed.append(f"decompressed sha256 mismatch: expected {payload_sha.lower()}, actual {actual_sha}")
+    return "; ".join(failed)
+
+
+def copy_local(fname: str, dirs: Iterable[Path | str], dest: Path, md5: str | None, *,
+               payload_sha: str | None = None) -> Path | None:
+    """Copy `fname` from the first of `dirs` that has it to `dest`, checked as a download is; None when
+    none has it.
+
+    A `dest` that already passes is kept. A copy that fails its checks raises ChecksumError naming it
+    and the check that failed, and stays where it is (a system package's file is not ours to move);
+    nothing of it is left at `dest`. An older `dest` that fails its checks is quarantined as
+    ``<dest>.corrupt`` before the copy, as fetch does.
+    """
+    dest = Path(dest)
+    source = next((Path(d) / fname for d in dirs if (Path(d) / fname).is_file()), None)
+    if source is None:
+        return None
+    if dest.exists():
+        if content_problem(dest, md5, payload_sha) is None:
+            return dest
+        _quarantine(dest, dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_suffix(dest.suffix + ".part")
+    shutil.copyfile(source, part)
+    # check the copy rather than the source: what is kept is what was checked
+    problem = content_problem(part, md5, payload_sha)
+    if problem is not None:
+        part.unlink()
+        raise ChecksumError(f"local copy {source} refused: {problem}. Repair or remove it, or drop its "
+                            f"directory from the config's local_data_dirs to download {fname} instead")
+    os.replace(part, dest)
+    return dest
 
 
 def _quarantine(path: Path, dest: Path) -> Path:
@@ -57,19 +134,22 @@ def _stream(url: str, part: Path, timeout: float) -> None:
         raise _Truncated(got, int(length))
 
 
-def fetch(url: str, dest: Path, md5: str | None, *, timeout: float = 60, retries: int = 2) -> Path:
-    """Download `url` to `dest` unless `dest` already has the md5; verify it and rename atomically.
+def fetch(url: str, dest: Path, md5: str | None, *, payload_sha: str | None = None, timeout: float = 60,
+          retries: int = 2) -> Path:
+    """Download `url` to `dest` unless `dest` already passes its checks; verify it and rename atomically.
 
-    Network errors, 5xx responses and truncated bodies are retried `retries` times. A body that keeps
-    arriving truncated, or arrives whole with the wrong md5, is moved to ``<dest>.corrupt`` and raises
-    ChecksumError; a later call downloads it again. ``md5=None`` is for the rare file whose publisher
-    prints no checksum: only its length is checked, an existing copy is kept, and the caller records
-    the md5 it got (the download step's MANIFEST.json).
+    The checks (content_problem): the md5, or the decompressed sha256 `payload_sha` of a gzip file
+    where given (either passing is enough). Network errors, 5xx responses and truncated bodies are
+    retried `retries` times. A body that keeps arriving truncated, or arrives whole and fails its
+    checks, is moved to ``<dest>.corrupt`` and raises ChecksumError; a later call downloads it again.
+    ``md5=None`` (and no payload_sha) is for the rare file whose publisher prints no checksum: only its
+    length is checked, an existing copy is kept, and the caller records the md5 it got (the download
+    step's MANIFEST.json).
     """
     dest = Path(dest)
     md5 = None if md5 is None else md5.lower()
     if dest.exists():
-        if md5 is None or md5sum(dest) == md5:
+        if content_problem(dest, md5, payload_sha) is None:
             return dest
         # A stale or damaged copy (e.g. the upstream file changed): keep it for inspection, fetch anew.
         _quarantine(dest, dest)
@@ -96,11 +176,11 @@ def fetch(url: str, dest: Path, md5: str | None, *, timeout: float = 60, retries
             if attempt == retries:
                 raise DownloadError(f"could not download {url}: {e}") from e
             continue
-        actual = md5sum(part) if md5 is not None else None
-        if actual != md5:
+        problem = content_problem(part, md5, payload_sha)
+        if problem is not None:
             bad = _quarantine(part, dest)
-            raise ChecksumError(f"md5 mismatch for {dest.name} downloaded from {url}: expected {md5}, "
-                                f"actual {actual}; quarantined as {bad}")
+            raise ChecksumError(f"{dest.name} downloaded from {url} failed its checks: {problem}; "
+                                f"quarantined as {bad}")
         os.replace(part, dest)
         return dest
     raise AssertionError("unreachable")  # the loop returns or raises on its last attempt

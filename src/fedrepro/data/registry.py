@@ -6,7 +6,7 @@ that need them, and torch is never imported by fedrepro.data.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -31,7 +31,8 @@ class DatasetSpec:
 
     `files` names the raw files the download step leaves in raw_dir (empty: the vision tables say).
     `built_from` names prepared data sets this one is made of (DomainNet's leave-one-out sources): its
-    `prepare` then takes their .npz paths, which live beside its own output.
+    `prepare` then takes their .npz paths, which live beside its own output. `local_copies`: its
+    download also takes `local_dirs`, directories searched for the raw files before the network.
     """
 
     name: str
@@ -41,6 +42,7 @@ class DatasetSpec:
     manual_instructions: str | None
     files: tuple[str, ...] = ()
     built_from: tuple[str, ...] = ()
+    local_copies: bool = False
 
 
 def _manual(name: str) -> str:
@@ -48,11 +50,18 @@ def _manual(name: str) -> str:
     lines = [f"Without network access, download these files (from {src.mirrors[0]}) into the raw directory "
              f"of {name}; the download step then only checks their md5:"]
     lines += [f"  {src.mirrors[0]}{fname}  md5 {md5}" for fname, md5 in src.files.items()]
+    if src.payload_sha256:
+        lines.append("A repackaged copy (other gzip bytes, same content) passes by the sha256 of its decompressed "
+                     "content instead:")
+        lines += [f"  {fname}  decompressed sha256 {sha}" for fname, sha in src.payload_sha256.items()]
+    if src.debian_package:
+        lines.append(f"Debian's package {src.debian_package} ships them: name its directory in the config's "
+                     f"local_data_dirs (the default does) and the download step copies them from there.")
     return "\n".join(lines)
 
 
 def _vision(name: str, prepare: Callable[[Path], tuple[Any, ...]]) -> DatasetSpec:
-    return DatasetSpec(name, True, partial(vision.download, name), prepare, _manual(name))
+    return DatasetSpec(name, True, partial(vision.download, name), prepare, _manual(name), local_copies=True)
 
 
 DATASETS: dict[str, DatasetSpec] = {
@@ -125,11 +134,21 @@ def raw_files(name: str) -> list[str]:
 
 
 def download_dataset(name: str, raw_dir: Path, mirror: str | None = None,
-                     checksums: dict[str, str] | None = None) -> list[Path]:
-    """Download the raw files of `name` into raw_dir (nothing for embedded data sets); return their paths."""
+                     checksums: dict[str, str] | None = None, local_dirs: Iterable[Path | str] = ()) -> list[Path]:
+    """Download the raw files of `name` into raw_dir (nothing for embedded data sets); return their paths.
+
+    `local_dirs` are searched for the raw files before the network (data sets with `local_copies` only).
+    """
     spec = get_spec(name)
+    local_dirs = list(local_dirs)
+    if local_dirs and not spec.local_copies:
+        known = sorted(n for n, s in DATASETS.items() if s.local_copies)
+        raise ValueError(f"local_data_dirs names {name!r}, whose download step does not look in local "
+                         f"directories; those that do: {', '.join(known)}")
     if spec.download is None:
         return []
+    if spec.local_copies:
+        return spec.download(Path(raw_dir), mirror=mirror, checksums=checksums, local_dirs=local_dirs)
     return spec.download(Path(raw_dir), mirror=mirror, checksums=checksums)
 
 

@@ -11,24 +11,31 @@ import gzip
 import io
 import pickle
 import tarfile
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fedrepro.data.download import DownloadError, fetch
+from fedrepro.data.download import DownloadError, copy_local, fetch
 
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
 
 
 @dataclass(frozen=True)
 class Source:
-    """Where a data set's raw files come from: base URLs tried in order, and file name -> md5."""
+    """Where a data set's raw files come from: base URLs tried in order, and file name -> md5.
+
+    `payload_sha256`: file name -> sha256 of the decompressed content of a .gz file, which a repackaged
+    copy (another gzip of the same bytes) keeps while its md5 changes. `debian_package` ships the files.
+    """
 
     mirrors: tuple[str, ...]
     files: dict[str, str]
     license: str
+    payload_sha256: dict[str, str] = field(default_factory=dict)
+    debian_package: str | None = None
 
 
 _IDX = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
@@ -46,7 +53,16 @@ SOURCES: dict[str, Source] = {
         dict(zip(_IDX, ("8d4fb7e6c68d591d4c3dfef9ec88bf0d", "25c81989df183df01b3e8a0aad5dffbe",
                         "bef4ecab320f06d8554ea6380940ec79", "bb300cfdad3c16e7a12a480ee83cd310"),
                  strict=True)),
-        "Zalando Research; MIT licence"),
+        "Zalando Research; MIT licence",
+        # sha256 of the four idx files as the publisher's .gz files decompress (the Debian package
+        # dataset-fashion-mnist ships the same idx bytes, recompressed; its label files' payloads equal
+        # those of the publisher's repository, whose .gz files have the md5 sums above)
+        dict(zip(_IDX, ("c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
+                        "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
+                        "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
+                        "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34"),
+                 strict=True)),
+        "dataset-fashion-mnist"),
     "cifar10": Source(
         ("https://www.cs.toronto.edu/~kriz/",),
         {"cifar-10-python.tar.gz": "c58f30108f718f92721af3b95e74349a"},
@@ -68,27 +84,49 @@ FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sanda
 
 
 def download(name: str, raw_dir: Path, mirror: str | None = None,
-             checksums: dict[str, str] | None = None) -> list[Path]:
+             checksums: dict[str, str] | None = None, local_dirs: Iterable[Path | str] = ()) -> list[Path]:
     """Fetch every raw file of data set `name` into raw_dir; return their paths.
 
-    `mirror` replaces the official base URLs; `checksums` overrides md5 sums by file name.
-    An unreachable official mirror falls back to the next one; a checksum error does not (it is loud).
+    A file already in raw_dir that passes its checks is kept; otherwise the first of `local_dirs` that
+    has it (e.g. a Debian dataset package's directory) is copied, then the network is asked. `mirror`
+    replaces the official base URLs; `checksums` overrides md5 sums by file name. An unreachable
+    official mirror falls back to the next one; a checksum error does not (it is loud), and neither
+    does a local copy that fails its checks.
     """
     src = SOURCES[name]
     bases = (mirror,) if mirror else src.mirrors
+    local_dirs = [Path(d) for d in local_dirs]
     paths = []
     for fname, md5 in src.files.items():
         md5 = (checksums or {}).get(fname, md5)
+        payload_sha = src.payload_sha256.get(fname)
+        dest = Path(raw_dir) / fname
+        local = copy_local(fname, local_dirs, dest, md5, payload_sha=payload_sha)
+        if local is not None:
+            paths.append(local)
+            continue
         errors = []
         for base in bases:
             try:
-                paths.append(fetch(base.rstrip("/") + "/" + fname, Path(raw_dir) / fname, md5))
+                paths.append(fetch(base.rstrip("/") + "/" + fname, dest, md5, payload_sha=payload_sha))
                 break
             except DownloadError as e:
                 errors.append(str(e))
         else:
-            raise DownloadError(f"{name}: no mirror served {fname}:\n  " + "\n  ".join(errors))
+            raise DownloadError(f"{name}: no mirror served {fname}:\n  " + "\n  ".join(errors)
+                                + _where_else(src, fname, local_dirs))
     return paths
+
+
+def _where_else(src: Source, fname: str, local_dirs: list[Path]) -> str:
+    """The local places looked in before the network, and the package that would fill one."""
+    lines = [f"\n  not in any local directory either ({', '.join(map(str, local_dirs))}; config key "
+             f"local_data_dirs)" if local_dirs else
+             "\n  no local directory was looked in (config key local_data_dirs names them per data set)"]
+    if src.debian_package:
+        lines.append(f"\n  Debian's package {src.debian_package} ships {fname} where local_data_dirs looks by "
+                     f"default: install it (apt-get install {src.debian_package} as root; `make` does that)")
+    return "".join(lines)
 
 
 def _raw(raw_dir: Path, fname: str) -> Path:
