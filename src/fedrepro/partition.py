@@ -436,7 +436,8 @@ def stratified_subset(labels: np.ndarray, n: int, rng: np.random.Generator) -> n
     exact = counts * n / len(labels)
     keep = np.floor(exact).astype(int)
     keep[np.argsort(-(exact - keep), kind="stable")[: n - keep.sum()]] += 1
-    picked = [rng.choice(np.flatnonzero(labels == c), size=k, replace=False) for c, k in zip(classes, keep)]
+    picked = [rng.choice(np.flatnonzero(labels == c), size=k, replace=False)
+              for c, k in zip(classes, keep, strict=True)]
     return np.sort(np.concatenate(picked)).astype(np.int64)
 
 
