@@ -267,6 +267,9 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         for i, claim in enumerate(table["claims"]):
             for problem in claim_problems(claim, table):
                 fail(f"tables.{t}.claims.{i}", problem)
+    for kind, entries in (("tables", study["tables"]), ("figures", study["figures"])):
+        for key, entry in entries.items():
+            check_deviations(entry["deviations"], f"{kind}.{key}.deviations", fail)
     for f, fig in study["figures"].items():
         for s in fig.get("settings", []) + [p["setting"] for p in fig.get("points", [])]:
             known(f"figures.{f}", s, study["settings"], "setting")
@@ -304,6 +307,17 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         for s, m in sorted(needed):
             if (s, m) not in runs:
                 fail(f"figures.{f}", f"({m}, {s}) is not a run of the grid")
+
+
+def check_deviations(ids: list[str], key: str, fail) -> None:
+    """Every id a table or figure names must be a row of docs/deviations.md (its captions link there)."""
+    from fedrepro.report.deviations import PAGE, deviation_ids
+
+    known_ids = deviation_ids()
+    for deviation in ids:
+        if deviation not in known_ids:
+            fail(key, f"unknown deviation {deviation!r}{did_you_mean(deviation, known_ids)}: not a row of {PAGE}; "
+                      f"known: {sorted(known_ids)}")
 
 
 def column_refs(column: dict) -> set[str]:
