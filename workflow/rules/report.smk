@@ -62,7 +62,8 @@ rule figure:
 
 rule scorecard:
     input:
-        scorecard_cells(),
+        cells=scorecard_cells(),
+        published=published_files(),
     output:
         md=f"{RES}/scorecard.md",
         html=report(
@@ -74,6 +75,7 @@ rule scorecard:
     params:
         tables=scorecard_tables(),
         scale=CFG["scale"],
+        coverage=scorecard_coverage(),
     log:
         f"{RES}/logs/scorecard.log",
     conda:
