@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 CORES ?= 2
 
-.PHONY: run test browser fashion-mnist lint bench cost clean-results
+.PHONY: run test browser fashion-mnist lint bench cost clean-results clean-paper-results
 
 $(VENV)/.installed: requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -51,5 +51,10 @@ bench: $(VENV)/.installed
 cost: $(VENV)/.installed
 	$(BIN)/python -m fedrepro.cost --configfile config/paper.yaml
 
+# the embedded default's results only: paper-scale ones (results/paper, GPU days) go with clean-paper-results
 clean-results:
-	rm -rf results/*/ .snakemake/metadata
+	find results -mindepth 1 -maxdepth 1 -type d ! -name paper -exec rm -rf {} +
+	rm -rf .snakemake/metadata
+
+clean-paper-results:
+	rm -rf results/paper .snakemake/metadata

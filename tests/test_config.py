@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import yaml
@@ -135,3 +136,25 @@ def test_a_hetero_study_runs_per_client_model_groups_with_its_own_methods(config
     spec = run_spec(s["fedl2g"], "dir", "fedl2g_f")
     assert spec["federation"] == "hetero" and spec["model"] == "tiny4" and spec["algorithm"] == "fedl2g_f"
     assert spec["hparams"]["server_lr"] == 100.0 and spec["training"]["momentum"] == 0.0
+
+
+def test_each_scale_has_its_own_results_root(config):
+    assert resolve_config(config)["results_dir"] == "results"
+    paper = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
+    assert paper["scale"] == "paper" and paper["results_dir"] == "results/paper"
+
+
+@pytest.mark.parametrize("scale, root, study, expected", [
+    ("paper", "results", "feddisco", "results_dir: 'results' is the embedded default's results root"),
+    ("paper", "./results/", "feddisco", "is the embedded default's results root"),
+    ("paper", None, "feddisco", "results_dir: 'results' is the embedded default's results root"),
+    ("embedded", "results/paper", "feddisco", "results_dir: 'results/paper' is the paper scale's results root"),
+    ("embedded", None, "paper", "studies.paper: this study's results folder results/paper is the paper scale's"),
+])
+def test_a_config_sharing_the_other_scales_results_root_is_refused(config, scale, root, study, expected):
+    bad = {**copy.deepcopy(config), "scale": scale, "studies": {study: config["studies"]["feddisco"]}}
+    bad.pop("results_dir", None)
+    if root:
+        bad["results_dir"] = root
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        resolve_config(bad)

@@ -119,3 +119,46 @@ def test_paper_scale_dry_run_lists_every_job(tmp_path):
     assert counts["figure"] == sum(len(s["figures"]) for s in paper["studies"].values())
     assert counts["scorecard"] == 1 and "showcase" not in counts  # the README shows the embedded default
     assert counts["download_dataset"] >= 5
+
+
+def _files_under(root: Path, skip: Path | None = None) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and not (skip and skip in p.parents)}
+
+
+@pytest.mark.slow
+def test_each_scale_keeps_its_own_results_root(tmp_path):
+    """A paper-scale run after an embedded one leaves every embedded file byte-identical, and a forced
+    rerun of everything at embedded scale after it leaves every paper-scale file byte-identical. Stand-ins:
+    config/config.yaml and config/paper.yaml as they are (so their results roots), each with the tiny study,
+    at different rounds so that a shared file would differ."""
+    study = yaml.safe_load((REPO / "tests" / "data" / "tiny_study.yaml").read_text())
+    study["figures"] = {"curves": study["figures"]["curves"]}
+    configs = {}
+    for scale, rounds in (("embedded", 2), ("paper", 3)):
+        study["defaults"]["rounds"] = rounds
+        (tmp_path / f"{scale}_study.yaml").write_text(yaml.safe_dump(study))
+        source = "config.yaml" if scale == "embedded" else "paper.yaml"
+        config = yaml.safe_load((REPO / "config" / source).read_text())
+        config.update(showcase=None, studies={"feddisco": str(tmp_path / f"{scale}_study.yaml")},
+                      train_resources={"gpu": 0, "threads": 1})
+        configs[scale] = tmp_path / source
+        configs[scale].write_text(yaml.safe_dump(config))
+    embedded_root, paper_root = tmp_path / "results", tmp_path / "results" / "paper"
+
+    def run(scale: str, *extra: str) -> None:
+        proc = snakemake("--cores", "2", "--directory", str(tmp_path), "--configfile", str(configs[scale]), *extra,
+                         timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    run("embedded")
+    embedded = _files_under(embedded_root, skip=paper_root)
+    assert "feddisco/tables/t1.md" in embedded and not paper_root.exists()
+    run("paper")
+    paper = _files_under(paper_root)
+    assert {"feddisco/tables/t1.md", "feddisco/figures/curves.png", "scorecard.md", "feddisco/summary.csv"} <= set(
+        paper)
+    assert "round 3/3" in (paper_root / "feddisco/logs/train/iid4/fedavg.log").read_text()
+    assert _files_under(embedded_root, skip=paper_root) == embedded
+    run("embedded", "--forceall")
+    assert _files_under(paper_root) == paper

@@ -18,6 +18,10 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMAS = REPO / "workflow" / "schemas"
+# Each scale writes under its own results root, so a run at one scale never overwrites the other's files
+# (paper-scale runs cost GPU days; the embedded default reruns in minutes).
+EMBEDDED_RESULTS = "results"
+PAPER_RESULTS = "results/paper"
 TRAINING_KEYS = ("rounds", "local_epochs", "batch_size", "lr", "momentum", "weight_decay", "join_ratio",
                  "eval_every", "last_k", "checkpoint_every", "straggler_steps")
 
@@ -98,6 +102,7 @@ def resolve_config(config: dict, source: str = "config", root: Path = REPO) -> d
     """Validate the top-level config and each study (loading study files), returning a resolved copy."""
     config = copy.deepcopy(config)
     validate(config, "config", source)
+    check_results_root(config, source)
     studies = {}
     for name, entry in config["studies"].items():
         if isinstance(entry, str):
@@ -124,6 +129,29 @@ def resolve_config(config: dict, source: str = "config", root: Path = REPO) -> d
                               f"{showcase['figure']!r}{did_you_mean(showcase['figure'], figures)}; "
                               f"known: {sorted(figures)}")
     return config
+
+
+def _same_dir(a: str, b: str) -> bool:
+    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+
+
+def check_results_root(config: dict, source: str = "config") -> None:
+    """Refuse a results root that one scale shares with the other: a paper-scale config writing to the
+    embedded default's root, an embedded one writing to the paper root, or an embedded study whose
+    folder would be the paper root (a study named "paper")."""
+    root, scale = config["results_dir"], config["scale"]
+    if scale == "paper" and _same_dir(root, EMBEDDED_RESULTS):
+        raise ConfigError(f"{source}: results_dir: {root!r} is the embedded default's results root; a paper-scale "
+                          f"config needs its own (config/paper.yaml: results_dir: {PAPER_RESULTS}), or a run at "
+                          "one scale overwrites the other's results")
+    if scale == "embedded" and _same_dir(root, PAPER_RESULTS):
+        raise ConfigError(f"{source}: results_dir: {root!r} is the paper scale's results root; an embedded "
+                          f"config writes to its own (default {EMBEDDED_RESULTS!r})")
+    if scale == "embedded":
+        for name in config["studies"]:
+            if _same_dir(str(Path(root) / name), PAPER_RESULTS):
+                raise ConfigError(f"{source}: studies.{name}: this study's results folder {root}/{name} is the "
+                                  f"paper scale's results root {PAPER_RESULTS!r}; rename the study")
 
 
 def _format_value(value: object) -> str:
@@ -239,6 +267,9 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         for i, claim in enumerate(table["claims"]):
             for problem in claim_problems(claim, table):
                 fail(f"tables.{t}.claims.{i}", problem)
+    for kind, entries in (("tables", study["tables"]), ("figures", study["figures"])):
+        for key, entry in entries.items():
+            check_deviations(entry["deviations"], f"{kind}.{key}.deviations", fail)
     for f, fig in study["figures"].items():
         for s in fig.get("settings", []) + [p["setting"] for p in fig.get("points", [])]:
             known(f"figures.{f}", s, study["settings"], "setting")
@@ -276,6 +307,17 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         for s, m in sorted(needed):
             if (s, m) not in runs:
                 fail(f"figures.{f}", f"({m}, {s}) is not a run of the grid")
+
+
+def check_deviations(ids: list[str], key: str, fail) -> None:
+    """Every id a table or figure names must be a row of docs/deviations.md (its captions link there)."""
+    from fedrepro.report.deviations import PAGE, deviation_ids
+
+    known_ids = deviation_ids()
+    for deviation in ids:
+        if deviation not in known_ids:
+            fail(key, f"unknown deviation {deviation!r}{did_you_mean(deviation, known_ids)}: not a row of {PAGE}; "
+                      f"known: {sorted(known_ids)}")
 
 
 def column_refs(column: dict) -> set[str]:

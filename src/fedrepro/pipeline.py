@@ -226,12 +226,14 @@ def figure(spec: dict, inputs: list[Path], out_stem: Path, log: Callable[[str], 
 
 
 def scorecard(tables: list[dict], cell_csvs: list[Path], scale: str, md_out: Path, html_out: Path,
-              log: Callable[[str], None]) -> None:
-    """Score every table (``tables``: {study, spec}, in the order of ``cell_csvs``) into one scorecard."""
+              log: Callable[[str], None], coverage: dict[str, list[int]] | None = None) -> None:
+    """Score every table (``tables``: {study, spec}, in the order of ``cell_csvs``) into one scorecard;
+    ``coverage``: study -> [published cells shown, published cells]."""
     from fedrepro.report.scorecard import build_scorecard
 
     scores = build_scorecard([(t["study"], t["spec"], Path(p)) for t, p in zip(tables, cell_csvs, strict=True)],
-                             scale, Path(md_out), Path(html_out))
+                             scale, Path(md_out), Path(html_out),
+                             {s: (c[0], c[1]) for s, c in coverage.items()} if coverage else None)
     claims = [c for s in scores for c in s.claims]
     log(f"{len(scores)} tables, {sum(c.holds is True for c in claims)} of {len(claims)} ranking claims hold "
         f"-> {md_out}, {html_out}")

@@ -84,6 +84,18 @@ def scorecard_cells():
     return [f"{RES}/{s}/tables/{t}.csv" for s, spec in STUDIES.items() for t in spec["tables"]]
 
 
+def scorecard_coverage():
+    """study -> [published cells shown beside ours, published cells] (fedrepro.report.coverage)."""
+    from fedrepro.report.coverage import config_coverage
+
+    return {s: [c.shown, c.total] for s, c in config_coverage(CFG).items()}
+
+
+def published_files():
+    """Every study's published-numbers file: the scorecard's coverage counts read them."""
+    return sorted({f"{workflow.basedir}/config/paper/{s['paper']}.csv" for s in STUDIES.values() if s["paper"]})
+
+
 def showcase_figure(wildcards):
     return f"{RES}/{CFG['showcase']['study']}/figures/{CFG['showcase']['figure']}.png"
 

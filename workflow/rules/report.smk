@@ -28,7 +28,7 @@ rule table:
     params:
         spec=lambda w: table_spec(w.study, w.table),
         scale=CFG["scale"],
-        caption=lambda w: table_caption(table_spec(w.study, w.table), CFG["scale"]),
+        caption=lambda w: table_caption(table_spec(w.study, w.table), CFG["scale"], RES),
     log:
         f"{RES}/{{study}}/logs/tables/{{table}}.log",
     conda:
@@ -51,7 +51,7 @@ rule figure:
         pdf=f"{RES}/{{study}}/figures/{{figure}}.pdf",
     params:
         spec=lambda w: figure_spec(w.study, w.figure),
-        caption=lambda w: figure_caption(figure_spec(w.study, w.figure), CFG["scale"]),
+        caption=lambda w: figure_caption(figure_spec(w.study, w.figure), CFG["scale"], RES),
     log:
         f"{RES}/{{study}}/logs/figures/{{figure}}.log",
     conda:
@@ -62,7 +62,8 @@ rule figure:
 
 rule scorecard:
     input:
-        scorecard_cells(),
+        cells=scorecard_cells(),
+        published=published_files(),
     output:
         md=f"{RES}/scorecard.md",
         html=report(
@@ -74,6 +75,7 @@ rule scorecard:
     params:
         tables=scorecard_tables(),
         scale=CFG["scale"],
+        coverage=scorecard_coverage(),
     log:
         f"{RES}/logs/scorecard.log",
     conda:

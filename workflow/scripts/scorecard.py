@@ -9,6 +9,6 @@ from fedrepro import pipeline  # noqa: E402
 
 sm = snakemake  # noqa: F821
 pipeline.main_from_snakemake(
-    sm, pipeline.scorecard, tables=sm.params.tables, cell_csvs=list(sm.input), scale=sm.params.scale,
-    md_out=sm.output.md, html_out=sm.output.html,
+    sm, pipeline.scorecard, tables=sm.params.tables, cell_csvs=list(sm.input.cells), scale=sm.params.scale,
+    md_out=sm.output.md, html_out=sm.output.html, coverage=sm.params.coverage,
 )

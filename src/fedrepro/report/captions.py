@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+from fedrepro.report.deviations import deviation_href
 from fedrepro.report.quantities import QUANTITIES
 from fedrepro.report.scorecard import accuracy_summary
 
@@ -46,8 +47,19 @@ def rst_escape(text: str) -> str:
     return re.sub(r"([\\`*_|<>\[\]])", r"\\\1", str(text))
 
 
-def table_caption(spec: dict, scale: str) -> dict[str, str]:
-    """Caption fields of a table: title, mirrors, scale, summary (already reStructuredText-escaped)."""
+def deviation_links(spec: dict, report_dir: str) -> str:
+    """The reStructuredText list item linking the rows of docs/deviations.md the spec names, relative to the
+    report's folder (the results root: `snakemake --report <results_dir>/report.html`); "" for none."""
+    ids = spec.get("deviations") or []
+    if not ids:
+        return ""
+    links = ", ".join(f"`{rst_escape(d)} <{deviation_href(d, report_dir)}>`__" for d in ids)
+    return f"- Deviations from the paper: {links}."
+
+
+def table_caption(spec: dict, scale: str, report_dir: str = "results") -> dict[str, str]:
+    """Caption fields of a table: title, mirrors, scale, summary (already reStructuredText-escaped) and
+    deviations (a list item of links, or "")."""
     mirrors = f"{spec['paper_table']} of the paper" if spec.get("paper_table") else "no published table"
     metric = spec.get("metric", "")
     summary = SUMMARY_WORDS.get(metric, accuracy_summary(spec))
@@ -56,11 +68,13 @@ def table_caption(spec: dict, scale: str) -> dict[str, str]:
         "mirrors": rst_escape(mirrors),
         "scale": rst_escape(SCALES[scale]),
         "summary": rst_escape(summary),
+        "deviations": deviation_links(spec, report_dir),
     }
 
 
-def figure_caption(spec: dict, scale: str) -> dict[str, str]:
-    """Caption fields of a figure: title, shows, mirrors, scale (already reStructuredText-escaped)."""
+def figure_caption(spec: dict, scale: str, report_dir: str = "results") -> dict[str, str]:
+    """Caption fields of a figure: title, shows, mirrors, scale (already reStructuredText-escaped) and
+    deviations (a list item of links, or "")."""
     kind = spec["kind"]
     shows = KINDS[kind].format(y=Y_WORDS.get(spec.get("y", "test_acc"), spec.get("y", "")),
                                seed=spec.get("seed", 0),
@@ -71,4 +85,5 @@ def figure_caption(spec: dict, scale: str) -> dict[str, str]:
         "shows": rst_escape(shows[0].upper() + shows[1:]),
         "mirrors": rst_escape(mirrors),
         "scale": rst_escape(SCALES[scale]),
+        "deviations": deviation_links(spec, report_dir),
     }

@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from fedrepro.io import atomic_write
+from fedrepro.report.deviations import deviations_sentence
 from fedrepro.report.quantities import QUANTITIES
 from fedrepro.report.style import FIGURE_RC, method_dashes, method_palette
 
@@ -59,8 +60,11 @@ def grid_shape(n: int) -> tuple[int, int]:
 
 
 def figure_title(spec: dict) -> str:
-    """The spec's caption, or its name when the caption is empty."""
-    return spec.get("caption") or spec.get("name", "")
+    """The spec's caption, or its name when the caption is empty, and on a line of its own the rows of
+    docs/deviations.md it names (plain text: an image holds no link; the report's caption links them)."""
+    title = spec.get("caption") or spec.get("name", "")
+    deviations = spec.get("deviations") or []
+    return f"{title}\n{deviations_sentence(deviations)}" if deviations else title
 
 
 def save_figure(fig: Figure, out_stem: Path) -> None:

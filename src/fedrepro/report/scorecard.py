@@ -283,9 +283,18 @@ def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
             *("| " + " | ".join(r) + " |" for r in esc[1:])]
 
 
-def study_markdown(study: str, scores: list[TableScore], scale: str, heading: str = "##") -> list[str]:
-    """One study's section: the table of tables, then its claims."""
+def coverage_line(shown_total: tuple[int, int] | list[int], what: str = "") -> str:
+    """'published cells shown: N / total': of the paper's published cells, those beside one of ours."""
+    shown, total = shown_total
+    return f"Published cells shown{what}: {shown} / {total}."
+
+
+def study_markdown(study: str, scores: list[TableScore], scale: str, heading: str = "##",
+                   coverage: tuple[int, int] | None = None) -> list[str]:
+    """One study's section: how many published cells it shows, the table of tables, then its claims."""
     lines = [f"{heading} {study}", ""]
+    if coverage is not None:
+        lines += [coverage_line(coverage), ""]
     head, rows = _table_rows(scores, scale)
     lines += _md_table(head, rows)
     claims = _claim_rows(scores)
@@ -296,13 +305,20 @@ def study_markdown(study: str, scores: list[TableScore], scale: str, heading: st
     return lines + [""]
 
 
-def render_markdown(scores: list[TableScore], scale: str) -> str:
-    """The whole scorecard as Markdown."""
+def _overall(coverage: dict[str, tuple[int, int]]) -> tuple[int, int]:
+    return sum(c[0] for c in coverage.values()), sum(c[1] for c in coverage.values())
+
+
+def render_markdown(scores: list[TableScore], scale: str, coverage: dict[str, tuple[int, int]] | None = None) -> str:
+    """The whole scorecard as Markdown; ``coverage``: study -> (published cells shown, published cells)."""
     lines = ["# Scorecard: the papers' tables regenerated", ""]
     for para in _intro(scale):
         lines += [para, ""]
+    if coverage:
+        lines += [coverage_line(_overall(coverage), f", all studies ({scale} scale)"), ""]
     for study in dict.fromkeys(s.study for s in scores):
-        lines += study_markdown(study, [s for s in scores if s.study == study], scale)
+        lines += study_markdown(study, [s for s in scores if s.study == study], scale,
+                                coverage=(coverage or {}).get(study))
     return "\n".join(lines)
 
 
@@ -331,12 +347,17 @@ def _md_inline(text: str) -> str:
     return "".join(f"<strong>{p}</strong>" if i % 2 else p for i, p in enumerate(parts))
 
 
-def render_html(scores: list[TableScore], scale: str) -> str:
+def render_html(scores: list[TableScore], scale: str, coverage: dict[str, tuple[int, int]] | None = None) -> str:
     """The whole scorecard as a standalone HTML page (for the Snakemake report)."""
     body = ["<h1>Scorecard: the papers' tables regenerated</h1>", *(f"<p>{_md_inline(p)}</p>" for p in _intro(scale))]
+    if coverage:
+        body.append(f"<p>{html.escape(coverage_line(_overall(coverage), f', all studies ({scale} scale)'))}</p>")
     for study in dict.fromkeys(s.study for s in scores):
         mine = [s for s in scores if s.study == study]
-        body += [f"<h2>{html.escape(study)}</h2>", _html_table(*_table_rows(mine, scale))]
+        body.append(f"<h2>{html.escape(study)}</h2>")
+        if coverage and study in coverage:
+            body.append(f"<p>{html.escape(coverage_line(coverage[study]))}</p>")
+        body.append(_html_table(*_table_rows(mine, scale)))
         claims = _claim_rows(mine)
         if claims:
             body += ["<h3>Ranking claims</h3>",
@@ -345,9 +366,11 @@ def render_html(scores: list[TableScore], scale: str) -> str:
             f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n")
 
 
-def build_scorecard(tables: list[tuple[str, dict, Path]], scale: str, md_out: Path, html_out: Path) -> list[TableScore]:
-    """Score every (study, table spec, cell CSV) and write the Markdown and HTML scorecards."""
+def build_scorecard(tables: list[tuple[str, dict, Path]], scale: str, md_out: Path, html_out: Path,
+                    coverage: dict[str, tuple[int, int]] | None = None) -> list[TableScore]:
+    """Score every (study, table spec, cell CSV) and write the Markdown and HTML scorecards, with each
+    study's published cells shown / published cells (``coverage``, fedrepro.report.coverage) if given."""
     scores = [score_table(study, spec, pd.read_csv(path)) for study, spec, path in tables]
-    write_text_atomic(render_markdown(scores, scale), Path(md_out))
-    write_text_atomic(render_html(scores, scale), Path(html_out))
+    write_text_atomic(render_markdown(scores, scale, coverage), Path(md_out))
+    write_text_atomic(render_html(scores, scale, coverage), Path(html_out))
     return scores

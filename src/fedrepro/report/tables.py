@@ -12,6 +12,7 @@ import pandas as pd
 
 from fedrepro.report.collect import write_csv_atomic, write_text_atomic
 from fedrepro.report.derived import lower_is_better, metric_key
+from fedrepro.report.deviations import deviation_href, deviations_sentence
 from fedrepro.report.published import lookup
 
 METRICS = {
@@ -212,7 +213,8 @@ def _md_ours(c: _Cell) -> str:
     return text + (DAGGER if c.status == "partial" else "")
 
 
-def _render_md(spec: dict, grid, has_paper: list[bool], intro: list[str], notes: list[str]) -> str:
+def _render_md(spec: dict, grid, has_paper: list[bool], intro: list[str], notes: list[str],
+               links: list[tuple[str, str]] = ()) -> str:
     head, align = ["Method"], ["---"]
     for c, hp in zip(spec["columns"], has_paper, strict=True):
         head.append(_md_escape(c["label"]))
@@ -234,6 +236,8 @@ def _render_md(spec: dict, grid, has_paper: list[bool], intro: list[str], notes:
         lines.append("| " + " | ".join(cells) + " |")
     if notes:
         lines += ["", *notes]
+    if links:
+        lines += ["", "Deviations from the paper: " + ", ".join(f"[{d}]({href})" for d, href in links) + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -281,7 +285,8 @@ def _tex_ours(c: _Cell) -> str:
     return text + (r"$^\dagger$" if c.status == "partial" else "")
 
 
-def _render_tex(spec: dict, grid, has_paper: list[bool], intro: list[str], notes: list[str]) -> str:
+def _render_tex(spec: dict, grid, has_paper: list[bool], intro: list[str], notes: list[str],
+                deviations: list[str] = ()) -> str:
     ncols = 1 + sum(3 if hp else 1 for hp in has_paper)
     top, sub, rules = ["Method"], [""], []
     pos = 2
@@ -317,7 +322,8 @@ def _render_tex(spec: dict, grid, has_paper: list[bool], intro: list[str], notes
                 cells.append(_signed(c.diff) if not math.isnan(c.diff) else "--")
         lines.append(" & ".join(cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
-    text = [tex_escape(t) for t in intro + notes if t]
+    # plain text, not \\href: the fragment compiles without hyperref
+    text = [tex_escape(t) for t in [*intro, *notes, *([deviations_sentence(deviations)] if deviations else [])] if t]
     if text:
         lines += [r"\par\smallskip\footnotesize", r"\par ".join(text)]
     lines.append(r"\end{table}")
@@ -338,7 +344,8 @@ def _html_ours(c: _Cell) -> str:
     return text + (DAGGER if c.status == "partial" else "")
 
 
-def _render_html(spec: dict, grid, has_paper: list[bool], intro: list[str], notes: list[str]) -> str:
+def _render_html(spec: dict, grid, has_paper: list[bool], intro: list[str], notes: list[str],
+                 links: list[tuple[str, str]] = ()) -> str:
     """A standalone HTML page of the table (the Snakemake report shows HTML, not Markdown)."""
     head = ["<th>Method</th>"]
     for c, hp in zip(spec["columns"], has_paper, strict=True):
@@ -357,6 +364,9 @@ def _render_html(spec: dict, grid, has_paper: list[bool], intro: list[str], note
         body.append("<tr>" + "".join(cells) + "</tr>")
     title = html.escape(f"{spec['caption'] or spec['name']} ({spec['name']})")
     paras = "".join(f"<p>{html.escape(t)}</p>" for t in intro + notes if t)
+    if links:
+        anchors = ", ".join(f'<a href="{html.escape(href)}">{html.escape(d)}</a>' for d, href in links)
+        paras += f"<p>Deviations from the paper: {anchors}.</p>"
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title><style>{_HTML_CSS}</style>"
             f"</head><body><h2>{title}</h2><table><thead><tr>{''.join(head)}</tr></thead>"
             f"<tbody>{''.join(body)}</tbody></table>{paras}</body></html>\n")
@@ -393,10 +403,13 @@ def render_table(
     if scale == "embedded":
         intro.append(EMBEDDED_NOTE)
     notes = _footnotes(grid)
+    deviations = spec.get("deviations") or []
+    # links relative to the table's folder: they hold wherever the results root lies in the checkout
+    links = [(d, deviation_href(d, out_stem.parent)) for d in deviations]
 
-    write_text_atomic(_render_md(spec, grid, has_paper, intro, notes), _with(out_stem, ".md"))
-    write_text_atomic(_render_tex(spec, grid, has_paper, intro, notes), _with(out_stem, ".tex"))
-    write_text_atomic(_render_html(spec, grid, has_paper, intro, notes), _with(out_stem, ".html"))
+    write_text_atomic(_render_md(spec, grid, has_paper, intro, notes, links), _with(out_stem, ".md"))
+    write_text_atomic(_render_tex(spec, grid, has_paper, intro, notes, deviations), _with(out_stem, ".tex"))
+    write_text_atomic(_render_html(spec, grid, has_paper, intro, notes, links), _with(out_stem, ".html"))
 
     tidy = pd.DataFrame(
         [
