@@ -273,18 +273,46 @@ def test_fediir_aligns_classifier_gradients_with_their_weighted_mean(small_data,
     run.alg.server_begin(w0, run.sample_clients(1), weights)
     head = run.alg._span
     expected = sum(float(p) * run.alg.client_gradient(w0, cid)[head] for cid, p in enumerate(weights))
-    assert torch.allclose(run.alg._g_bar, expected, atol=1e-6)
+    assert torch.allclose(run.alg.state["g_bar"], 0.05 * expected, atol=1e-7)  # the EMA's first step from 0
     assert head.stop == run.flat.numel and head.stop - head.start == 84 * 10 + 10  # LeNet's head
     # the local objective is CE + penalty ||g_head - g_bar||^2 (checked against a written-out version)
     x, y = small_data.x_train[:16], small_data.y_train[:16]
     loss = run.alg.local_loss(run.model, x, y, Client(cid=0, round=1, w_start=w0, num_samples=1))
     ce = F.cross_entropy(run.model(x), y)
     g = torch.autograd.grad(ce, [run.model.head.weight, run.model.head.bias])
-    written = ce + 0.1 * (torch.cat([t.reshape(-1) for t in g]) - expected).pow(2).sum()
+    written = ce + 0.1 * (torch.cat([t.reshape(-1) for t in g]) - 0.05 * expected).pow(2).sum()
     assert loss.item() == pytest.approx(written.item(), rel=1e-6)
     result = make_run(small_data, parts, "fediir", {"penalty": 0.1}, cfg=cfg).run()
     head_bytes = (head.stop - head.start) * 4
     assert result.history[0]["bytes_up"] == 4 * (run.flat.numel * 4 + head_bytes)  # the model and a gradient
+
+
+def test_fediir_global_gradient_is_a_moving_average_over_rounds(small_data, parts):
+    """g_bar_p = 0.95 g_bar_{p-1} + 0.05 mean_p from g_bar_0 = 0 (the FedIIR code's EMA), mean_p the
+    participants' uniformly weighted classifier gradients at round p's global model (the study's weights)."""
+    cfg = dataclasses.replace(CFG, rounds=2, join_ratio=0.5)
+    torch.manual_seed(seeding.derive_seed(0, seeding.INIT))
+    net = build_model(MODEL, small_data.shape, small_data.num_classes)
+    run = FederatedRun(net, build_algorithm("fediir", penalty=0.1), small_data, parts, cfg, {"kind": "equal"}, 0,
+                       log=lambda m: None)
+    alg, seen = run.alg, []
+    begin = alg.server_begin
+
+    def spy(w_global, sampled, weights):
+        begin(w_global, sampled, weights)
+        seen.append((w_global.clone(), np.asarray(sampled).tolist(), alg.state["g_bar"].clone()))
+
+    alg.server_begin = spy
+    run.run()
+    head = alg._span
+    means = [sum(alg.client_gradient(w, cid, 512)[head] for cid in sampled) / len(sampled)
+             for w, sampled, _ in seen]
+    assert seen[0][1] != seen[1][1] and not torch.equal(seen[0][0], seen[1][0])
+    g1 = 0.05 * means[0]
+    g2 = 0.95 * g1 + 0.05 * means[1]
+    assert torch.allclose(seen[0][2], g1, atol=1e-7)
+    assert torch.allclose(seen[1][2], g2, atol=1e-7)
+    assert not torch.allclose(g2, 0.05 * means[1], atol=1e-7)  # round 1 still weighs in
 
 
 # ----- FedSR
@@ -337,3 +365,5 @@ def test_bad_hyper_parameters_are_refused():
         FedGTST(xi=-1.0)
     with pytest.raises(ValueError, match="params must be"):
         build_algorithm("fediir", params="body")
+    with pytest.raises(ValueError, match="ema"):
+        build_algorithm("fediir", ema=1.0)
