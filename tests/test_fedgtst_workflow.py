@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO
 from test_workflow import job_counts, snakemake
 
-from fedrepro.config import load_yaml, resolve_config, transfer_runs
+from fedrepro.config import grid_runs, load_yaml, resolve_config, run_spec, transfer_runs
 
 
 def test_paper_scale_dry_run_has_a_fine_tuning_job_per_transferred_run(tmp_path):
@@ -23,6 +23,17 @@ def test_paper_scale_dry_run_has_a_fine_tuning_job_per_transferred_run(tmp_path)
     assert counts["aggregate_finetune"] == 1
     # DomainNet: six domains downloaded and prepared once each, six leave-one-out sources built from them
     assert "domainnet_no_clipart" in proc.stdout and "domainnet_sketch/raw/MANIFEST.json" in proc.stdout
+
+
+@pytest.mark.parametrize("config_file", ["config.yaml", "paper.yaml"])
+def test_every_fedgtst_run_averages_its_participants_uniformly(config_file):
+    """Eq. 2 weighs the clients 1/K: every method of the study (FedIIR's global gradient too, which takes
+    the aggregation weights) gets equal weights, not the schema's size weights."""
+    study = resolve_config(load_yaml(REPO / "config" / config_file))["studies"]["fedgtst"]
+    runs = grid_runs(study)
+    assert {m for _, m in runs} >= {"fedavg", "fedsr", "fediir", "scaffold", "fedgtst"}
+    for setting, method in runs:
+        assert run_spec(study, setting, method)["weighting"] == {"kind": "equal"}, (setting, method)
 
 
 @pytest.mark.slow

@@ -2,18 +2,23 @@
 
 Client k minimises CE + xi (||J_k|| - gamma)^2 (Eq. 10), J_k the gradient of its minibatch loss w.r.t. all
 weights (double backprop) and gamma the server's guide norm. After local training it reports one scalar,
-its surrogate norm gamma_k = ||J_k(w_k)|| at its trained model; a random 10% of the clients also train
-without the regulariser from the same start and report max(regularised, vanilla) norm (the vanilla model
-is thrown away: the transmitted model is the regularised one). The server averages the models as FedAvg
-does and sets the next guide norm to the largest reported norm, broadcast with the model.
+its surrogate norm gamma_k = ||J_k(w_k)|| at its trained model, by the very estimator the regulariser
+uses: the mean minibatch gradient norm at the training batch size (Alg. 1 reads one ||J^(k)|| in lines 5
+and 6; a full-data norm would be smaller than the minibatch norms, and a guide norm taken from it would
+pull every client's norm down instead of up). A random set phi of 10% of all K clients is drawn each
+round (Alg. 1, line 1); those of them that take part also train without the regulariser from the same
+start and report max(regularised, vanilla) norm (the vanilla model is thrown away: the transmitted model
+is the regularised one). The server averages the models as FedAvg does and sets the next guide norm to
+the largest reported norm, broadcast with the model.
 
 Choices where the paper is silent (options; config/studies/fedgtst.yaml says which the study uses):
 - gamma_0 (``gamma0``): None = round 1 trains without the regulariser and its reported norms give
   gamma_1; a number fixes gamma_0.
-- the surrogate norm is taken over a fixed subset of the client's data (``norm_samples``), at the model
-  it transmits (its vanilla twin's, for the max);
-- the vanilla subset is drawn each round among that round's participants, max(1, round(10% of K))
-  clients (``vanilla_fraction``), so that the boost acts every round under partial participation; the
+- the surrogate norm is averaged over the minibatches of a fixed subset of the client's data
+  (``norm_samples``, at least one batch), at the model it transmits (its vanilla twin's, for the max);
+- phi has max(1, round(``vanilla_fraction`` K)) clients (at least one, so that K = 5 has one), drawn
+  among all K, not among the participants: under partial participation a round has on average the
+  participation rate times |phi| vanilla runs, as Alg. 1 with its client loop over [K] implies; the
   vanilla run takes the very batches of the regularised run (the engine's batch seed), i.e. it is the
   FedAvg client update.
 xi = 0 is FedAvg exactly: no regulariser, no norm, no vanilla run, nothing extra up or down.
@@ -30,13 +35,13 @@ from torch import nn
 
 from fedrepro import seeding
 from fedrepro.algorithms.base import Algorithm, Client
-from fedrepro.algorithms.jacobian import JacobianStats
+from fedrepro.algorithms.jacobian import JacobianStats, client_sample, mean_loss_gradient
 
 if TYPE_CHECKING:
     from fedrepro.sim.flat import FlatModel
     from fedrepro.sim.sync import TrainingConfig
 
-VANILLA_DRAW = 102  # seed purpose of the per-round vanilla subset
+VANILLA_DRAW = 102  # seed purpose of the per-round vanilla subset phi
 
 
 def loss_and_jacobian_norm(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,22 +93,36 @@ class FedGTST(JacobianStats, Algorithm):
         if self.xi == 0:
             return out
         w_reg = w_end.detach().clone()
-        norm = self.client_gradient(w_reg, client.cid, self.norm_samples).norm()
+        norm = self.surrogate_norm(w_reg, client.cid)
         if client.cid in self.vanilla_clients(client.round):
             w_vanilla = self.train_vanilla(client)
-            norm = torch.maximum(norm, self.client_gradient(w_vanilla, client.cid, self.norm_samples).norm())
+            norm = torch.maximum(norm, self.surrogate_norm(w_vanilla, client.cid))
             self.flat.load(w_reg)  # leave the engine's model as its hook found it
         out["norm"] = norm.reshape(())
         return out
 
+    def surrogate_norm(self, w: torch.Tensor, cid: int) -> torch.Tensor:
+        """||J_k(w)|| as the regulariser sees it: the mean, over minibatches of the training batch size
+        from a fixed subset of client ``cid``'s data (``norm_samples``, at least one batch), of the
+        minibatch loss's gradient norm. A short last batch is left out when there are full ones: its
+        norm is noisier, hence larger, than a full batch's."""
+        sim, size = self.sim, self.training.batch_size
+        budget = None if self.norm_samples is None else max(self.norm_samples, size)
+        idx = client_sample(sim.clients[cid], budget, sim.seed, cid)
+        batches = [idx[start : start + size] for start in range(0, len(idx), size)]
+        if len(batches) > 1 and len(batches[-1]) < size:
+            batches.pop()
+        x, y = sim.data.x_train, sim.data.y_train
+        return torch.stack([mean_loss_gradient(self.flat, x[b], y[b], w).norm() for b in batches]).mean()
+
     def vanilla_clients(self, rnd: int) -> set[int]:
-        """phi of round ``rnd``: max(1, round(vanilla_fraction * K)) of the round's participants."""
+        """phi of round ``rnd`` (Alg. 1, line 1): max(1, round(vanilla_fraction * K)) clients drawn among
+        all K; only those of them that take part in the round train a vanilla twin."""
         if self._phi[0] != rnd:
-            sampled = np.asarray(self._sampled)
-            m = 0 if self.vanilla_fraction == 0 else max(1, round(self.vanilla_fraction * self.num_clients))
-            m = min(m, len(sampled))
+            k = self.num_clients
+            m = 0 if self.vanilla_fraction == 0 else min(k, max(1, round(self.vanilla_fraction * k)))
             rng = seeding.rng_for(self.sim.seed, VANILLA_DRAW, rnd)
-            self._phi = (rnd, set(rng.choice(sampled, m, replace=False).tolist()))
+            self._phi = (rnd, set(rng.choice(k, m, replace=False).tolist()))
         return self._phi[1]
 
     def train_vanilla(self, client: Client) -> torch.Tensor:
@@ -136,7 +155,6 @@ class FedGTST(JacobianStats, Algorithm):
     # ----- server side
     def server_begin(self, w_global: torch.Tensor, sampled: np.ndarray, weights: np.ndarray) -> None:
         super().server_begin(w_global, sampled, weights)
-        self._sampled = np.asarray(sampled)
         self._norms: list[torch.Tensor] = []
         self.probe_round(w_global, sampled)
 

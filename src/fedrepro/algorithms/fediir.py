@@ -1,8 +1,10 @@
 """FedIIR (Guo et al., ICML 2023): implicit invariant relationships via gradient alignment.
 
 At the start of a round every participant computes the gradient of its loss w.r.t. the classifier at the
-global model and sends it up; the server averages them (aggregation weights) into the global gradient
-g_bar and sends it down. During local training each client minimises
+global model and sends it up; the server averages them (aggregation weights) into this round's mean and
+folds it into the global gradient g_bar, an exponential moving average over rounds,
+g_bar_p = ema g_bar_{p-1} + (1 - ema) mean_p with g_bar_0 = 0 (``ema`` 0.95, the FedIIR code's default and
+FL-bench's), and sends g_bar down. During local training each client minimises
 CE + penalty * ||dCE/dw_cls - g_bar||^2 on every batch (double backprop through the classifier gradient),
 as the FedIIR code does. The extra exchange (a gradient up, g_bar down, both of classifier size) is
 counted in bytes. ``params: all`` aligns the gradients of every weight instead of the classifier's.
@@ -43,17 +45,21 @@ class FedIIR(JacobianStats, Algorithm):
     name = "fediir"
 
     def __init__(self, penalty: float = 1e-3, params: str = "head", grad_samples: int | None = 512,
-                 jac_stats: bool = False, jac_samples: int | None = 512) -> None:
+                 ema: float = 0.95, jac_stats: bool = False, jac_samples: int | None = 512) -> None:
         super().__init__()
         if params not in ("head", "all"):
             raise ValueError(f"fediir: params must be 'head' or 'all', got {params!r}")
-        self.penalty, self.params, self.grad_samples = float(penalty), params, grad_samples
+        if not 0 <= ema < 1:
+            raise ValueError(f"fediir: need 0 <= ema < 1, got {ema}")
+        self.penalty, self.params, self.grad_samples, self.ema = float(penalty), params, grad_samples, float(ema)
         self.init_jacobian(jac_stats, jac_samples)
 
     def setup(self, flat: FlatModel, num_clients: int, training: TrainingConfig) -> None:
         super().setup(flat, num_clients, training)
         self._span = head_slice(flat) if self.params == "head" else slice(0, flat.numel)
-        self._g_bar: torch.Tensor | None = None
+        # g_bar carries over rounds (the moving average), so it lives in the checkpointed state
+        self.state = {} if self.penalty == 0 else {
+            "g_bar": torch.zeros(self._span.stop - self._span.start, device=self.device)}
         self._client_grads: dict[int, torch.Tensor] = {}
 
     def _aligned(self, model: nn.Module) -> list[torch.Tensor]:
@@ -68,10 +74,10 @@ class FedIIR(JacobianStats, Algorithm):
         ce = F.cross_entropy(model(x), y)
         grads = torch.autograd.grad(ce, self._aligned(model), create_graph=True)
         g = torch.cat([t.reshape(-1) for t in grads])
-        return ce + self.penalty * (g - self._g_bar).pow(2).sum()
+        return ce + self.penalty * (g - self.state["g_bar"]).pow(2).sum()
 
     def download(self, cid: int) -> dict[str, torch.Tensor]:
-        return {} if self.penalty == 0 else {"g_bar": self._g_bar}
+        return {} if self.penalty == 0 else {"g_bar": self.state["g_bar"]}
 
     def upload(self, client: Client, w_end: torch.Tensor) -> dict[str, torch.Tensor]:
         out = super().upload(client, w_end)
@@ -86,13 +92,13 @@ class FedIIR(JacobianStats, Algorithm):
             return
         weight_of = dict(zip(np.asarray(sampled).tolist(), np.asarray(weights, dtype=np.float64).tolist(),
                              strict=True))
-        g_bar = torch.zeros(self._span.stop - self._span.start, device=w_global.device)
+        round_mean = torch.zeros(self._span.stop - self._span.start, device=w_global.device)
         self._client_grads = {}
 
         def collect(cid: int, g: torch.Tensor) -> None:
             part = g[self._span].clone()
             self._client_grads[cid] = part
-            g_bar.add_(part, alpha=weight_of[cid])
+            round_mean.add_(part, alpha=weight_of[cid])
 
         if self.jac_stats and self.grad_samples != self.jac_samples:
             self.probe_round(w_global, sampled)  # statistics on their own sample budget
@@ -100,7 +106,7 @@ class FedIIR(JacobianStats, Algorithm):
                 collect(cid, self.client_gradient(w_global, cid, self.grad_samples))
         else:
             self.probe_round(w_global, sampled, on_gradient=collect, max_samples=self.grad_samples)
-        self._g_bar = g_bar
+        self.state["g_bar"] = self.ema * self.state["g_bar"] + (1 - self.ema) * round_mean
 
     def round_metrics(self) -> dict[str, float]:
         return self.jacobian_metrics()
