@@ -24,8 +24,11 @@ class HFCL(AsyncMethod):
         if not self._arrived:
             return w
         cfg, n = self.run.cfg, len(self.run.server_y)
+        self.load_global_buffers()  # the server client trains from the global model, statistics included
+        self.model.train()
         w_server = train_vector(self.flat, w, self.server_ce, n, self.epochs or cfg.local_epochs, cfg.lr,
                                 self.batch_size or cfg.batch_size, self.server_generator(rnd))
+        buffers = self.flat.buffers() if self.run.global_buffers is not None else None
         self._arrived.append(Update(cid=-1, delta=w_server - w, w_start=w, dispatch_round=rnd, staleness=0,
-                                    num_samples=n))
+                                    num_samples=n, buffers=buffers))
         return super().round_end(w, rnd)
