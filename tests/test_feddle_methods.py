@@ -191,3 +191,18 @@ def test_gradient_cosine_is_one_in_domain_and_a_cosine_out_of_domain(digits_with
     # in-domain, the search's loss is the in-domain cross-entropy itself (on a reshuffled subset of the same set)
     assert rows["in_domain"] == pytest.approx(1.0, abs=1e-5)
     assert -1.0 <= rows["out_of_domain"] < 0.999
+
+
+def test_feddf_teacher_is_the_softmax_of_the_averaged_logits():
+    """FedDF (Lin et al. 2020, Algorithm 1) distils from softmax(mean_i f_i / T), not mean_i softmax(f_i / T)."""
+    model, flat = tiny_model()
+    feddf = build_method("feddf", temperature=2.0)
+    feddf.setup(SimpleNamespace(flat=flat, model=model, seed=0))
+    gen = torch.Generator().manual_seed(3)
+    teachers = [torch.randn(flat.numel, generator=gen) * 0.3 for _ in range(2)]
+    x = torch.randn(6, 1, 8, 8, generator=gen)
+    logits = [functional_call(model, flat.as_params(v), (x,)) for v in teachers]
+    target = feddf.ensemble_probs(x, teachers)
+    torch.testing.assert_close(target, F.softmax((logits[0] + logits[1]) / 2 / 2.0, dim=1))
+    mean_of_softmax = (F.softmax(logits[0] / 2.0, dim=1) + F.softmax(logits[1] / 2.0, dim=1)) / 2
+    assert (target - mean_of_softmax).abs().max() > 1e-3  # the two ensembles differ here: the test tells them apart

@@ -1,9 +1,10 @@
 """FedDF (Lin et al., 2020): FedAvg's aggregate of the arrived updates, then distilled from the ensemble of
 the arrived client models (w_start + Delta each) on the server images: the student minimises
-T^2 KL(mean_i softmax(f_i / T) || softmax(f / T)) for ``epochs`` passes (Adam, as FedDF). The server images
-are in-domain or out-of-domain (``server_data``); their labels are never used. Teachers run in eval mode with
-their own BatchNorm statistics; the student trains in train mode and keeps the merged client statistics (the
-server images are no client's data: asyncfl/base.py's rule)."""
+T^2 KL(softmax(mean_i f_i / T) || softmax(f / T)) for ``epochs`` passes (Adam, as FedDF): the teacher is the
+softmax of the clients' averaged logits (Lin et al. 2020, Algorithm 1), not the mean of their softmax outputs.
+The server images are in-domain or out-of-domain (``server_data``); their labels are never used. Teachers run
+in eval mode with their own BatchNorm statistics; the student trains in train mode and keeps the merged client
+statistics (the server images are no client's data: asyncfl/base.py's rule)."""
 
 from __future__ import annotations
 
@@ -30,18 +31,17 @@ class FedDF(AsyncMethod):
 
     @torch.no_grad()
     def ensemble_probs(self, x: Tensor, teachers: list[Tensor], buffers: list[Tensor | None] | None = None) -> Tensor:
-        """Mean over ``teachers`` (flat vectors; with ``buffers``, each with its BatchNorm statistics, in eval mode)
-        of softmax(logits / T) on ``x``."""
-        out = None
+        """softmax(mean_i logits_i / T) on ``x`` over ``teachers`` (flat vectors; with ``buffers``, each with its
+        BatchNorm statistics), every teacher in eval mode."""
+        summed = None
         buffers = buffers or [None] * len(teachers)
         for vec, buf in zip(teachers, buffers, strict=True):
             state = {**self.flat.as_params(vec), **(self.flat.as_buffers(buf) if buf is not None else {})}
             with eval_mode(self.model):
                 logits = torch.cat([functional_call(self.model, state, (x[s : s + CHUNK],))
                                     for s in range(0, len(x), CHUNK)])
-            p = F.softmax(logits / self.temperature, dim=1)
-            out = p if out is None else out + p
-        return out / len(teachers)
+            summed = logits if summed is None else summed + logits
+        return F.softmax(summed / len(teachers) / self.temperature, dim=1)
 
     def round_end(self, w: Tensor, rnd: int) -> Tensor:
         if not self._arrived:
