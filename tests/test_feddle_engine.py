@@ -81,9 +81,9 @@ def test_no_client_is_resampled_while_in_flight_and_staleness_is_its_delay(data8
         sent[rnd] = (set(busy), out)
         return out
 
-    def recording_update(cid, dispatch_round, w_start, rnd):
+    def recording_update(cid, dispatch_round, w_start, rnd, b_start=None):
         arrived.append((cid, dispatch_round, rnd))
-        return type(run).client_update(run, cid, dispatch_round, w_start, rnd)
+        return type(run).client_update(run, cid, dispatch_round, w_start, rnd, b_start)
 
     run.sample_clients, run.client_update = recording_sample, recording_update
     run.run()

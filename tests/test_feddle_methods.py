@@ -191,3 +191,60 @@ def test_gradient_cosine_is_one_in_domain_and_a_cosine_out_of_domain(digits_with
     # in-domain, the search's loss is the in-domain cross-entropy itself (on a reshuffled subset of the same set)
     assert rows["in_domain"] == pytest.approx(1.0, abs=1e-5)
     assert -1.0 <= rows["out_of_domain"] < 0.999
+
+
+def test_feddf_teacher_is_the_softmax_of_the_averaged_logits():
+    """FedDF (Lin et al. 2020, Algorithm 1) distils from softmax(mean_i f_i / T), not mean_i softmax(f_i / T)."""
+    model, flat = tiny_model()
+    feddf = build_method("feddf", temperature=2.0)
+    feddf.setup(SimpleNamespace(flat=flat, model=model, seed=0))
+    gen = torch.Generator().manual_seed(3)
+    teachers = [torch.randn(flat.numel, generator=gen) * 0.3 for _ in range(2)]
+    x = torch.randn(6, 1, 8, 8, generator=gen)
+    logits = [functional_call(model, flat.as_params(v), (x,)) for v in teachers]
+    target = feddf.ensemble_probs(x, teachers)
+    torch.testing.assert_close(target, F.softmax((logits[0] + logits[1]) / 2 / 2.0, dim=1))
+    mean_of_softmax = (F.softmax(logits[0] / 2.0, dim=1) + F.softmax(logits[1] / 2.0, dim=1)) / 2
+    assert (target - mean_of_softmax).abs().max() > 1e-3  # the two ensembles differ here: the test tells them apart
+
+
+def test_hfcl_server_trains_with_the_clients_optimiser(digits_prepared, monkeypatch):
+    """HFCL's server is one more client: the clients' SGD with their momentum and weight decay (torch.optim.SGD's
+    update, a fresh momentum buffer), their epochs and batch size, on the in-domain server data."""
+    import copy
+
+    import fedrepro.asyncfl.base as base
+    from fedrepro.asyncfl.server_train import batches
+    from fedrepro.sim.tensors import to_device_data
+
+    data = to_device_data(digits_prepared, torch.device("cpu"), image_size=8)
+    data = dataclasses.replace(data, x_train=data.x_train[:200], y_train=data.y_train[:200],
+                               x_test=data.x_test[:150], y_test=data.y_test[:150])
+    torch.manual_seed(0)
+    model = build_model("cnn3_small", data.shape, 10)
+    cfg = TrainingConfig(rounds=1, local_epochs=2, batch_size=16, lr=0.05, momentum=0.9, weight_decay=0.01,
+                         join_ratio=0.4)
+    run = AsyncRun(model, build_method("hfcl"), data, [torch.arange(i, 200, 5).numpy() for i in range(5)], cfg,
+                   AsyncConfig(delay_sigma=0.0, server_samples=50), seed=0, log=lambda m: None)
+    hfcl, w = run.method, run.w_init.clone()
+    reference = copy.deepcopy(model)
+    FlatModel(reference).load(w)
+    opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9, weight_decay=0.01)
+    for idx in batches(50, 16, 2, hfcl.server_generator(1), w.device):
+        opt.zero_grad()
+        F.cross_entropy(reference(run.server_x[idx]), run.server_y[idx]).backward()
+        opt.step()
+    expected = FlatModel(reference).vector_of().detach() - w
+
+    merged = {}
+    weighted_mean = base.weighted_mean
+
+    def recording_mean(vectors, weights):
+        merged.update(deltas=vectors, weights=weights)
+        return weighted_mean(vectors, weights)
+
+    monkeypatch.setattr(base, "weighted_mean", recording_mean)
+    hfcl.receive(w, update(0, torch.zeros_like(w), w))
+    hfcl.round_end(w, 1)
+    assert merged["weights"] == [10, 50]  # the server's update weighs its 50 samples
+    torch.testing.assert_close(merged["deltas"][1], expected, atol=1e-5, rtol=1e-4)

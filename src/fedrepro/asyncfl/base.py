@@ -8,6 +8,25 @@ A round (asyncfl/engine.py): ``round_begin``; for each update that arrives this 
 set a method trains on (None, "in_domain" or "out_of_domain"); the engine hands it over in ``setup``.
 Everything that must survive a checkpoint lives in ``self.state`` (tensors, numbers, lists and dicts of them);
 what ``receive`` buffers within a round is cleared by ``round_end`` before any checkpoint.
+
+BatchNorm running statistics (the model's floating-point buffers, sim/flat.py ``FlatModel.buffers``; None
+everywhere for a model without any) are part of the global model, ``run.global_buffers``, and follow one rule:
+
+- they travel with the model: a client starts from the buffers of the model it was sent, trains in train
+  mode (its statistics move with its data) and reports its buffers after training (``Update.buffers``);
+- they merge with the coefficients the method gives the parameters, in the form FedAvg of a state dict
+  takes: a step w <- w + sum_i c_i Delta_i (or a mix w <- (1 - c) w + c w_i) gives
+  b <- (1 - s) b + s sum_i p_i b_i with s = sum_i c_i and p_i = c_i / s (``merge_buffers``): FedAvg's mean
+  of the arrived clients' buffers, FedAsync's mix, FedBuff's buffered mean at a flush, Feddle's searched
+  coefficients (times its Eq. 5 normalisation factors, i.e. the coefficients of the raw updates). Running
+  statistics must stay a mixture of statistics (a variance must not turn negative), so negative
+  coefficients count as 0 and s is at most 1;
+- server passes that do not train (Feddle's coefficient search and its OOD feature pass, FedDF's teachers)
+  run in eval mode (sim/tensors.py ``eval_mode``): they normalise with the running statistics and never
+  change them;
+- server training (Center, Fed+FT, HFCL's server client) runs in train mode from the global buffers and
+  keeps the statistics it ends with, as a client's training does; FedDF's distillation trains in train mode
+  too but keeps the merged client statistics, its server images (possibly out-of-domain) being no client's.
 """
 
 from __future__ import annotations
@@ -35,6 +54,7 @@ class Update:
     dispatch_round: int
     staleness: int  # rounds between dispatch and arrival (its delay)
     num_samples: int
+    buffers: Tensor | None = None  # the client's BatchNorm statistics after training (None: the model has none)
 
 
 class AsyncMethod:
@@ -67,13 +87,32 @@ class AsyncMethod:
         """End of round ``rnd``: the next global model (default: the sample-weighted mean update)."""
         if not self._arrived:
             return w
-        w = w + weighted_mean([u.delta for u in self._arrived], [u.num_samples for u in self._arrived])
+        counts = [u.num_samples for u in self._arrived]
+        w = w + weighted_mean([u.delta for u in self._arrived], counts)
+        total = float(sum(counts))
+        self.mix_buffers([n / total for n in counts], [u.buffers for u in self._arrived])
         self._arrived = []
         return w
 
     def round_metrics(self) -> dict[str, float]:
         """Extra columns for this round's evaluation row in metrics.csv (Feddle: coefficient statistics)."""
         return {}
+
+    # ----- BatchNorm statistics (the rule in this module's docstring)
+    def mix_buffers(self, coefficients: list[float] | Tensor, buffers: list[Tensor | None]) -> None:
+        """run.global_buffers <- merge_buffers(them, coefficients, buffers); nothing for a model without buffers."""
+        if buffers and buffers[0] is not None:
+            self.run.global_buffers = merge_buffers(self.run.global_buffers, coefficients, buffers)
+
+    def load_global_buffers(self) -> None:
+        """Put the global buffers into the model (before a server pass: client training left its own there)."""
+        if self.run.global_buffers is not None:
+            self.flat.load_buffers(self.run.global_buffers)
+
+    def keep_trained_buffers(self) -> None:
+        """Make the model's buffers, as server training in train mode left them, the global ones."""
+        if self.run.global_buffers is not None:
+            self.run.global_buffers = self.flat.buffers()
 
     # ----- helpers for methods that train on the server data
     def server_generator(self, rnd: int, purpose: int = 0) -> torch.Generator:
@@ -83,6 +122,23 @@ class AsyncMethod:
     def server_ce(self, idx: Tensor) -> Tensor:
         """Cross-entropy of the run's model on the server samples ``idx``."""
         return F.cross_entropy(self.model(self.run.server_x[idx]), self.run.server_y[idx])
+
+
+def merge_buffers(b_global: Tensor, coefficients: list[float] | Tensor, buffers: list[Tensor]) -> Tensor:
+    """(1 - s) b_global + s sum_i p_i b_i, the buffers' counterpart of the parameter step w + sum_i c_i Delta_i:
+    c_i clipped at 0, s = min(sum_i c_i, 1), p_i = c_i / sum_i c_i. b_global unchanged if no c_i is positive.
+    Within those bounds (FedAvg, FedAsync, FedBuff with server lr <= 1) this is exactly the parameters' weighting;
+    the clipping keeps the result a mixture of statistics (an extrapolated running variance can go negative)."""
+    c = torch.as_tensor(coefficients, dtype=torch.float64).clamp_min(0.0)
+    total = float(c.sum())
+    if total <= 0.0:
+        return b_global
+    s = min(total, 1.0)
+    out = b_global * (1.0 - s)
+    for ci, b in zip(c.tolist(), buffers, strict=True):
+        if ci > 0.0:
+            out.add_(b, alpha=s * ci / total)
+    return out
 
 
 def weighted_mean(vectors: list[Tensor], weights: list[float]) -> Tensor:

@@ -7,7 +7,8 @@ round(|x|) rounds, x ~ N(0, delay_sigma^2) (half-normal, as FedBuff's simulation
 ends this round arrives: the client trains from the model it was sent (possibly many rounds old) with the sync
 engine's local SGD (sim/sync.py ``FederatedRun.train_client``) and reports Delta = w_local - w_start; (3) the
 method (asyncfl/methods/) receives them one by one and ends the round. A delay of 0 arrives in the round it was
-sent, so with every delay 0 the loop is synchronous FL.
+sent, so with every delay 0 the loop is synchronous FL. BatchNorm running statistics travel with the model
+(sent, trained, reported and merged with the parameters' coefficients): asyncfl/base.py states the rule.
 
 Server data: the in-domain set is ``server_samples`` test samples drawn per seed and removed from the test set
 (for every method of the setting, so all are tested on the same samples); the out-of-domain set is another
@@ -18,7 +19,7 @@ and takes the paper's true model update, Delta = sum_j |D_j| / |D| Delta_j over 
 logs the cosine of each update sent and received in this round to it; every evaluation round's true update is
 kept for the cosine between rounds (Fig. 2b, ``true_update_cosines``). A client's batches are those it would
 draw if sent that round, so a sampled client's update is its own term of the sum. A diagnostic: the global
-random state and the model's buffers are restored, so the run's metrics do not change.
+random state and the global BatchNorm statistics are untouched, so the run's metrics do not change.
 
 Clients are trained when their update arrives, from a snapshot of the model of their dispatch round (one
 snapshot per round, shared by that round's clients, dropped when the last of them arrives): the same result as
@@ -43,7 +44,7 @@ from torch import Tensor, nn
 from fedrepro import seeding
 from fedrepro.algorithms.base import Algorithm
 from fedrepro.asyncfl.base import AsyncMethod, Update
-from fedrepro.sim.checkpoint import close_round, load_checkpoint, module_buffers, restore_buffers, resume_progress
+from fedrepro.sim.checkpoint import CheckpointError, close_round, load_checkpoint, resume_progress
 from fedrepro.sim.sync import (
     DIVERGED_LOSS,
     FederatedRun,
@@ -57,6 +58,10 @@ from fedrepro.sim.tensors import DeviceData, evaluate
 # purposes beyond fedrepro.seeding's (1..6) and the heterogeneous engine's (101..105)
 SERVER_SPLIT, OOD_SUBSET = 201, 202
 SERVER_DATA_KINDS = (None, "in_domain", "out_of_domain")
+# the asynchronous engine's checkpoint layout, beside sim/checkpoint.py's FORMAT; 2: the global BatchNorm
+# statistics and each dispatch round's are vectors (global_buffers, buffer_snapshots), methods' state holds
+# clients' statistics
+ASYNC_FORMAT = 2
 
 
 @dataclass
@@ -122,6 +127,10 @@ class AsyncRun:
         self.clients = FederatedRun(model, Algorithm(), self.data, client_indices, training, {"kind": "size"},
                                     seed, log, engine="sequential")
         self.flat, self.model, self.w_init = self.clients.flat, model, self.clients.w_init
+        # the global model's BatchNorm statistics (None without any), as seeded at construction like w_init
+        b_init = self.flat.buffers()
+        self.b_init = b_init if b_init.numel() else None
+        self.global_buffers = self.b_init
         self.measuring = False  # count the server hooks' FLOPs this round (measure_cost, evaluation rounds)
         self.num_clients = len(client_indices)
         self.true_updates: dict[int, Tensor] = {}  # evaluation round -> true update (true_update, on the CPU)
@@ -153,25 +162,35 @@ class AsyncRun:
             return []
         return sorted(seeding.rng_for(self.seed, seeding.SAMPLING, rnd).choice(free, k, replace=False).tolist())
 
-    def client_update(self, cid: int, dispatch_round: int, w_start: Tensor, rnd: int) -> tuple[Update, Tensor, int]:
-        """Local training of ``cid`` from ``w_start`` (its batches seeded by its dispatch round)."""
-        upload, loss_sum, seen = self.clients.train_client(cid, dispatch_round, w_start)
-        update = Update(cid=cid, delta=upload["delta"], w_start=w_start, dispatch_round=dispatch_round,
-                        staleness=rnd - dispatch_round, num_samples=len(self.clients.clients[cid]))
+    def train_from(self, cid: int, batch_round: int, w_start: Tensor,
+                   b_start: Tensor | None) -> tuple[Tensor, Tensor | None, Tensor, int]:
+        """(Delta, buffers after, summed loss, samples seen): ``cid`` trained in train mode from the model
+        (w_start, b_start) with the batches of ``batch_round``."""
+        if b_start is not None:
+            self.flat.load_buffers(b_start)
+        self.model.train()
+        upload, loss_sum, seen = self.clients.train_client(cid, batch_round, w_start)
+        return upload["delta"], (self.flat.buffers() if b_start is not None else None), loss_sum, seen
+
+    def client_update(self, cid: int, dispatch_round: int, w_start: Tensor, rnd: int,
+                      b_start: Tensor | None = None) -> tuple[Update, Tensor, int]:
+        """Local training of ``cid`` from (``w_start``, ``b_start``) (its batches seeded by its dispatch round)."""
+        delta, buffers, loss_sum, seen = self.train_from(cid, dispatch_round, w_start, b_start)
+        update = Update(cid=cid, delta=delta, w_start=w_start, dispatch_round=dispatch_round,
+                        staleness=rnd - dispatch_round, num_samples=len(self.clients.clients[cid]), buffers=buffers)
         return update, loss_sum, seen
 
     # ----- the true update (Fig. 2)
     def true_update(self, w: Tensor, rnd: int) -> Tensor:
-        """sum_j |D_j| / |D| Delta_j: every client trained from ``w`` with the batches of round ``rnd``; the
-        global random state and the model's buffers (BatchNorm statistics) are restored afterwards."""
-        buffers = module_buffers(self.model)
+        """sum_j |D_j| / |D| Delta_j: every client trained from ``w`` and the global BatchNorm statistics with
+        the batches of round ``rnd``; the global random state is restored afterwards (the global statistics
+        are never written: each client trains on the model's copy of them)."""
         devices = [w.device] if w.device.type == "cuda" else []
         total = sum(len(idx) for idx in self.clients.clients)
         true = torch.zeros_like(w)
         with torch.random.fork_rng(devices=devices):
             for cid, idx in enumerate(self.clients.clients):  # summed as they come: 500 deltas would not fit
-                true.add_(self.clients.train_client(cid, rnd, w)[0]["delta"], alpha=len(idx) / total)
-        restore_buffers(self.model, buffers)
+                true.add_(self.train_from(cid, rnd, w, self.global_buffers)[0], alpha=len(idx) / total)
         return true
 
     def true_update_cosines(self) -> tuple[np.ndarray, np.ndarray]:
@@ -208,37 +227,55 @@ class AsyncRun:
         return (_tensor_bytes([w, *fixed]) + _tensor_bytes(self.method.state)) / 1e6
 
     def snapshot(self, rnd: int, w: Tensor, result: RunResult, inflight: list[InFlight], snapshots: dict[int, Tensor],
-                 bytes_up: int, bytes_down: int, seconds: float, measured: int) -> dict:
+                 buffer_snapshots: dict[int, Tensor], bytes_up: int, bytes_down: int, seconds: float,
+                 measured: int) -> dict:
         """What a checkpoint after round ``rnd`` holds."""
-        return dict(round=rnd, w=w.cpu(), state=_to_device(self.method.state, "cpu"),
-                    buffers=module_buffers(self.model), inflight=[dataclasses.astuple(f) for f in inflight],
-                    snapshots={r: v.cpu() for r, v in snapshots.items()}, history=result.history,
+        return dict(round=rnd, async_format=ASYNC_FORMAT, w=w.cpu(), state=_to_device(self.method.state, "cpu"),
+                    global_buffers=_to_device(self.global_buffers, "cpu"),
+                    inflight=[dataclasses.astuple(f) for f in inflight],
+                    snapshots={r: v.cpu() for r, v in snapshots.items()},
+                    buffer_snapshots={r: v.cpu() for r, v in buffer_snapshots.items()}, history=result.history,
                     true_updates=self.true_updates,
                     status=result.status, diverged_round=result.diverged_round, bytes_up=bytes_up,
                     bytes_down=bytes_down, seconds=seconds, server_flops=self.server_flops, measured_rounds=measured)
+
+    def load_global(self, w: Tensor) -> None:
+        """The global model (``w`` and the global BatchNorm statistics) into the run's model."""
+        self.flat.load(w)
+        if self.global_buffers is not None:
+            self.flat.load_buffers(self.global_buffers)
 
     # ----- the loop
     def run(self, checkpoint: Path | None = None, fingerprint: str = "") -> RunResult:
         cfg, method = self.cfg, self.method
         w = self.w_init.clone()
+        self.global_buffers = None if self.b_init is None else self.b_init.clone()
         result = RunResult()
         start_round, bytes_up, bytes_down, seconds = 1, 0, 0, 0.0
         inflight: list[InFlight] = []
-        snapshots: dict[int, Tensor] = {}
+        snapshots: dict[int, Tensor] = {}  # dispatch round -> the model sent (parameters)
+        buffer_snapshots: dict[int, Tensor] = {}  # dispatch round -> its BatchNorm statistics (models with any)
         resumed = load_checkpoint(checkpoint, fingerprint) if checkpoint else None
         if resumed is not None:
+            if resumed.get("async_format") != ASYNC_FORMAT:
+                raise CheckpointError(
+                    f"checkpoint {checkpoint} was written by an older asynchronous engine (layout "
+                    f"{resumed.get('async_format', 1)}, this one reads {ASYNC_FORMAT}: BatchNorm statistics now "
+                    "travel with client updates); delete it to start this run from scratch")
             dev = w.device
             w = resumed["w"].to(dev)
             method.state = _to_device(resumed["state"], dev)
-            restore_buffers(self.model, resumed.get("buffers"))
+            self.global_buffers = _to_device(resumed["global_buffers"], dev)
             inflight = [InFlight(*entry) for entry in resumed["inflight"]]
             snapshots = {int(r): v.to(dev) for r, v in resumed["snapshots"].items()}
+            buffer_snapshots = {int(r): v.to(dev) for r, v in resumed["buffer_snapshots"].items()}
             self.true_updates = {int(r): v for r, v in resumed.get("true_updates", {}).items()}
             start_round, bytes_up, bytes_down, seconds = resume_progress(resumed, result)
             self.log(f"resumed from {checkpoint} after round {resumed['round']}")
             if result.status == "diverged":
                 return result
-        model_bytes = w.numel() * w.element_size()
+        # what a client receives and sends back: the parameters and the BatchNorm statistics
+        model_bytes = w.numel() * w.element_size() + _tensor_bytes(self.global_buffers)
         self.server_flops = resumed.get("server_flops", 0) if resumed is not None else 0
         measured = resumed.get("measured_rounds", 0) if resumed is not None else 0
 
@@ -255,6 +292,8 @@ class AsyncRun:
                 sent = self.sample_clients(rnd, {f.cid for f in inflight})
                 if sent:
                     snapshots[rnd] = w.clone()
+                    if self.global_buffers is not None:
+                        buffer_snapshots[rnd] = self.global_buffers.clone()
                     bytes_down += model_bytes * len(sent)
                 for cid in sent:
                     inflight.append(InFlight(rnd + draw_delay(self.seed, rnd, cid, self.asyn.delay_sigma), rnd, cid))
@@ -265,8 +304,8 @@ class AsyncRun:
             seen = 0
             for f in arriving:
                 update, client_loss, client_seen = self.client_update(
-                    f.cid, f.dispatch_round, snapshots[f.dispatch_round], rnd)
-                bytes_up += update.delta.numel() * update.delta.element_size()
+                    f.cid, f.dispatch_round, snapshots[f.dispatch_round], rnd, buffer_snapshots.get(f.dispatch_round))
+                bytes_up += _tensor_bytes([update.delta, update.buffers])
                 loss_sum += client_loss
                 seen += client_seen
                 if true is not None and update.staleness == 0:  # trained from this round's model, as the truth
@@ -275,6 +314,7 @@ class AsyncRun:
                     w = self.server_call(method.receive, w, update)
             still_needed = {f.dispatch_round for f in inflight}
             snapshots = {r: v for r, v in snapshots.items() if r in still_needed}
+            buffer_snapshots = {r: v for r, v in buffer_snapshots.items() if r in still_needed}
             w = self.server_call(method.round_end, w, rnd).detach()
             train_loss = loss_sum.item() / seen if seen else float("nan")
             seconds += time.perf_counter() - t0
@@ -283,7 +323,7 @@ class AsyncRun:
             if true is not None:
                 self.true_updates[rnd] = true.cpu()
             if diverged or evaluating:
-                self.flat.load(w)
+                self.load_global(w)
                 acc, test_loss, result.per_class_acc = evaluate(
                     self.model, self.data.x_test, self.data.y_test, self.data.num_classes)
                 result.history.append(dict(
@@ -297,10 +337,11 @@ class AsyncRun:
                 self.log(f"round {rnd}/{cfg.rounds} acc {acc:.2f} loss {test_loss:.4f} arrived {len(arriving)} "
                          f"in flight {len(inflight)} {seconds:.1f}s")
             if close_round(rnd, cfg.rounds, diverged, f"train loss {train_loss}", result, checkpoint, fingerprint,
-                           cfg.checkpoint_every, partial(self.snapshot, rnd, w, result, inflight, snapshots, bytes_up,
-                                                         bytes_down, seconds, measured), self.log):
+                           cfg.checkpoint_every, partial(self.snapshot, rnd, w, result, inflight, snapshots,
+                                                         buffer_snapshots, bytes_up, bytes_down, seconds, measured),
+                           self.log):
                 break
-        self.flat.load(w)
+        self.load_global(w)
         if result.per_class_acc is None:  # resumed from a finished checkpoint
             result.per_class_acc = evaluate(self.model, self.data.x_test, self.data.y_test, self.data.num_classes)[2]
         return result

@@ -6,8 +6,8 @@ torchvision state dict file, fedrepro.data.weights) the backbone loads it; witho
 default) it is randomly initialised. torchvision is imported only when one of these models is built.
 
 Unlike the rest of the zoo, the ResNet-18 keeps torchvision's BatchNorm: its pretrained statistics are part
-of what the paper fine-tunes. The running statistics are buffers, not parameters, so they are neither averaged
-nor sent: they follow the one reused model object through the clients' local training.
+of what the paper fine-tunes. The running statistics are buffers, not parameters: the asynchronous engine sends,
+trains and merges them beside the parameter vector (asyncfl/base.py states the rule).
 """
 
 from __future__ import annotations

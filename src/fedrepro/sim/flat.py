@@ -13,6 +13,11 @@ the only ways in and out.
 Frozen parameters (``requires_grad=False``, e.g. a pretrained backbone under LoRA) are not in the vectors:
 they keep their own storage, so clients neither train nor send them, the server never averages them, and the
 communication counted from the vector's size covers only what is trained.
+
+Floating-point buffers (BatchNorm's running mean and variance) are model state that is not trained by
+gradients; ``buffers`` / ``load_buffers`` read and write them as one more flat vector (empty for a model
+without any), so an engine can send, snapshot and average them beside ``w``. Integer buffers (BatchNorm's
+``num_batches_tracked``, a counter read only when its momentum is None) are not in it: they stay the model's.
 """
 
 from __future__ import annotations
@@ -45,6 +50,34 @@ class FlatModel:
             # autograd accumulates in place into an existing .grad, so backward fills self.g
             p.grad = _shaped(self.g[offset : offset + n], p.shape)
             offset += n
+
+    # ----- buffers (floating-point running statistics; looked up by name each time, so a module that replaced
+    # its buffer tensors is still read correctly)
+    def _float_buffers(self) -> list[tuple[str, torch.Tensor]]:
+        return [(name, b) for name, b in self.model.named_buffers() if b.is_floating_point()]
+
+    def buffers(self) -> torch.Tensor:
+        """A copy of the model's floating-point buffers as one vector (empty without any)."""
+        parts = [b.detach().reshape(-1) for _, b in self._float_buffers()]
+        return torch.cat(parts) if parts else self.w.new_zeros(0)
+
+    def load_buffers(self, vector: torch.Tensor) -> None:
+        """Set the model's floating-point buffers to ``vector`` (from ``buffers``)."""
+        offset = 0
+        with torch.no_grad():
+            for _, b in self._float_buffers():
+                b.copy_(vector[offset : offset + b.numel()].view_as(b))
+                offset += b.numel()
+        if offset != len(vector):
+            raise ValueError(f"buffer vector has {len(vector)} values, the model's buffers {offset}")
+
+    def as_buffers(self, vector: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``vector`` (from ``buffers``) as a name -> tensor dict for ``torch.func.functional_call`` (views)."""
+        out, offset = {}, 0
+        for name, b in self._float_buffers():
+            out[name] = vector[offset : offset + b.numel()].view_as(b)
+            offset += b.numel()
+        return out
 
     def vector_of(self, tensors: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Per-parameter tensors (default: the model's parameters, differentiably) as one vector in

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -121,17 +121,29 @@ class FederatedRun:
 
     def train_client(self, cid: int, rnd: int, w_global: torch.Tensor) -> tuple[dict, torch.Tensor, int]:
         """E local epochs of SGD from ``w_global``; returns (upload, summed batch loss, samples seen)."""
-        cfg, flat, alg = self.cfg, self.flat, self.alg
+        flat, alg = self.flat, self.alg
         idx = self.clients[cid]
         n = len(idx)
         client = Client(cid=cid, round=rnd, w_start=w_global, num_samples=n)
         flat.load(w_global)
         gen = torch.Generator().manual_seed(seeding.derive_seed(self.seed, seeding.BATCHES, rnd, cid))
+        loss_sum, seen = self.local_sgd(client, self.data.x_train, self.data.y_train,
+                                        self.local_batches(idx, gen, rnd, cid))
+        with torch.no_grad():
+            upload = alg.upload(client, flat.w)
+        return upload, loss_sum, seen
+
+    def local_sgd(self, client: Client, x_all: torch.Tensor, y_all: torch.Tensor,
+                  batches: Iterable[torch.Tensor]) -> tuple[torch.Tensor, int]:
+        """The clients' optimiser over ``batches`` (index tensors into x_all, y_all), in place on the model's
+        flat vector from whatever it holds: the method's local loss and gradient corrections, then weight decay,
+        momentum (a buffer fresh for each call, as every client's) and the SGD step with the run's learning rate.
+        Returns (summed batch loss, samples seen). Also a server that trains "like one more client" (HFCL)."""
+        cfg, flat, alg = self.cfg, self.flat, self.alg
         momentum_buf = None
-        loss_sum = torch.zeros((), device=w_global.device)
+        loss_sum = torch.zeros((), device=flat.w.device)
         seen = 0
-        x_all, y_all = self.data.x_train, self.data.y_train
-        for batch in self.local_batches(idx, gen, rnd, cid):
+        for batch in batches:
             flat.zero_grad()
             loss = alg.local_loss(self.model, x_all[batch], y_all[batch], client)
             loss.backward()
@@ -150,9 +162,7 @@ class FederatedRun:
                 loss_sum += loss.detach() * len(batch)
             seen += len(batch)
             client.steps += 1
-        with torch.no_grad():
-            upload = alg.upload(client, flat.w)
-        return upload, loss_sum, seen
+        return loss_sum, seen
 
     def local_batches(self, idx: torch.Tensor, gen: torch.Generator, rnd: int, cid: int):
         """Index batches of one client's local training: ``local_epochs`` reshuffled passes, or, with

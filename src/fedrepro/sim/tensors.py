@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -69,25 +71,36 @@ def to_device_data(
     )
 
 
+@contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """``model`` in eval mode inside the block, its previous mode restored after: for passes that are not
+    training (evaluation, a server's feature pass or coefficient search), so BatchNorm normalises with its
+    running statistics and leaves them unchanged (and dropout is off)."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int | None = None,
              batch_size: int = 2048):
     """(accuracy in percent, mean cross-entropy) of ``model`` on (x, y); with ``num_classes``, also
     the per-class accuracies in percent (None for a class absent from y)."""
-    was_training = model.training
-    model.eval()
     correct = torch.zeros((), device=x.device)
     loss = torch.zeros((), device=x.device)
     hits = torch.zeros(num_classes or 1, device=x.device)
-    for start in range(0, len(y), batch_size):
-        logits = model(x[start : start + batch_size])
-        target = y[start : start + batch_size]
-        loss += F.cross_entropy(logits, target, reduction="sum")
-        right = logits.argmax(1) == target
-        correct += right.sum()
-        if num_classes:
-            hits += torch.bincount(target[right], minlength=num_classes)
-    model.train(was_training)
+    with eval_mode(model):
+        for start in range(0, len(y), batch_size):
+            logits = model(x[start : start + batch_size])
+            target = y[start : start + batch_size]
+            loss += F.cross_entropy(logits, target, reduction="sum")
+            right = logits.argmax(1) == target
+            correct += right.sum()
+            if num_classes:
+                hits += torch.bincount(target[right], minlength=num_classes)
     n = max(len(y), 1)
     acc, mean_loss = 100.0 * correct.item() / n, loss.item() / n
     if not num_classes:

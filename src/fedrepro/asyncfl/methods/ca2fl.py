@@ -1,7 +1,9 @@
 """CA2FL (Wang et al., ICLR 2024): FedBuff with cached update calibration. The server caches every client's
 latest update h_i (zero before its first); a buffer period starting at global step t uses
 h^t = (1/N) sum_i h_i (the cache mean at its start), adds Delta_i - h_i for each arriving update (then
-h_i <- Delta_i), and when ``buffer_size`` updates are in steps w <- w + server_lr (h^t + sum(Delta_i - h_i) / K)."""
+h_i <- Delta_i), and when ``buffer_size`` updates are in steps w <- w + server_lr (h^t + sum(Delta_i - h_i) / K).
+BatchNorm statistics are not calibrated (they are values, not updates): they merge as FedBuff's at each step,
+b <- (1 - server_lr) b + server_lr * (the mean of the K clients' statistics)."""
 
 from __future__ import annotations
 
@@ -23,17 +25,23 @@ class CA2FL(AsyncMethod):
     def receive(self, w: Tensor, update: Update) -> Tensor:
         s = self.state
         if "cache" not in s:
-            s.update(cache={}, cache_sum=torch.zeros_like(w), calib=torch.zeros_like(w), count=0, base=None)
+            s.update(cache={}, cache_sum=torch.zeros_like(w), calib=torch.zeros_like(w), count=0, base=None,
+                     buffer_sum=None if update.buffers is None else torch.zeros_like(update.buffers))
         if s["count"] == 0:  # a buffer period starts: fix the calibration h^t
             s["base"] = s["cache_sum"] / self.run.num_clients
         old = s["cache"].get(update.cid)
         s["calib"] += update.delta if old is None else update.delta - old
         s["cache_sum"] += update.delta if old is None else update.delta - old
         s["cache"][update.cid] = update.delta.clone()
+        if update.buffers is not None:
+            s["buffer_sum"] += update.buffers
         s["count"] += 1
         if s["count"] < self.buffer_size:
             return w
         w = w + self.server_lr * (s["base"] + s["calib"] / s["count"])
+        if s["buffer_sum"] is not None:
+            self.mix_buffers([self.server_lr], [s["buffer_sum"] / s["count"]])
+            s["buffer_sum"].zero_()
         s["calib"].zero_()
         s["count"] = 0
         return w

@@ -1,5 +1,6 @@
 """Center: no federation; the model is trained on the in-domain server data alone (``epochs`` passes in
-round 1, then left as it is, so its curve is flat). No client is ever sampled."""
+round 1, then left as it is, so its curve is flat). No client is ever sampled. Its training updates the
+BatchNorm statistics, as a client's does."""
 
 from __future__ import annotations
 
@@ -21,5 +22,9 @@ class Center(AsyncMethod):
     def round_end(self, w: Tensor, rnd: int) -> Tensor:
         if rnd != 1:
             return w
-        return train_vector(self.flat, w, self.server_ce, len(self.run.server_y), self.epochs, self.lr,
-                            self.batch_size, self.server_generator(rnd), self.optimizer)
+        self.load_global_buffers()
+        self.model.train()
+        w = train_vector(self.flat, w, self.server_ce, len(self.run.server_y), self.epochs, self.lr,
+                         self.batch_size, self.server_generator(rnd), self.optimizer)
+        self.keep_trained_buffers()
+        return w

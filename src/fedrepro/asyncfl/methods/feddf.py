@@ -1,7 +1,10 @@
 """FedDF (Lin et al., 2020): FedAvg's aggregate of the arrived updates, then distilled from the ensemble of
 the arrived client models (w_start + Delta each) on the server images: the student minimises
-T^2 KL(mean_i softmax(f_i / T) || softmax(f / T)) for ``epochs`` passes (Adam, as FedDF). The server images
-are in-domain or out-of-domain (``server_data``); their labels are never used."""
+T^2 KL(softmax(mean_i f_i / T) || softmax(f / T)) for ``epochs`` passes (Adam, as FedDF): the teacher is the
+softmax of the clients' averaged logits (Lin et al. 2020, Algorithm 1), not the mean of their softmax outputs.
+The server images are in-domain or out-of-domain (``server_data``); their labels are never used. Teachers run
+in eval mode with their own BatchNorm statistics; the student trains in train mode and keeps the merged client
+statistics (the server images are no client's data: asyncfl/base.py's rule)."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from torch.func import functional_call
 
 from fedrepro.asyncfl.base import AsyncMethod
 from fedrepro.asyncfl.server_train import train_vector
+from fedrepro.sim.tensors import eval_mode
 
 CHUNK = 512  # server images per teacher forward pass
 
@@ -26,24 +30,29 @@ class FedDF(AsyncMethod):
         self.lr, self.epochs, self.batch_size, self.temperature = lr, epochs, batch_size, temperature
 
     @torch.no_grad()
-    def ensemble_probs(self, x: Tensor, teachers: list[Tensor]) -> Tensor:
-        """Mean over ``teachers`` (flat vectors) of softmax(logits / T) on ``x``."""
-        out = None
-        for vec in teachers:
-            params = self.flat.as_params(vec)
-            logits = torch.cat([functional_call(self.model, params, (x[s : s + CHUNK],))
-                                for s in range(0, len(x), CHUNK)])
-            p = F.softmax(logits / self.temperature, dim=1)
-            out = p if out is None else out + p
-        return out / len(teachers)
+    def ensemble_probs(self, x: Tensor, teachers: list[Tensor], buffers: list[Tensor | None] | None = None) -> Tensor:
+        """softmax(mean_i logits_i / T) on ``x`` over ``teachers`` (flat vectors; with ``buffers``, each with its
+        BatchNorm statistics), every teacher in eval mode."""
+        summed = None
+        buffers = buffers or [None] * len(teachers)
+        for vec, buf in zip(teachers, buffers, strict=True):
+            state = {**self.flat.as_params(vec), **(self.flat.as_buffers(buf) if buf is not None else {})}
+            with eval_mode(self.model):
+                logits = torch.cat([functional_call(self.model, state, (x[s : s + CHUNK],))
+                                    for s in range(0, len(x), CHUNK)])
+            summed = logits if summed is None else summed + logits
+        return F.softmax(summed / len(teachers) / self.temperature, dim=1)
 
     def round_end(self, w: Tensor, rnd: int) -> Tensor:
         if not self._arrived:
             return w
         teachers = [u.w_start + u.delta for u in self._arrived]
+        teacher_buffers = [u.buffers for u in self._arrived]
         w = super().round_end(w, rnd)
         x, t = self.run.server_x, self.temperature
-        target = self.ensemble_probs(x, teachers)
+        target = self.ensemble_probs(x, teachers, teacher_buffers)
+        self.load_global_buffers()  # the student: the merged model, statistics included
+        self.model.train()
 
         def distill(idx: Tensor) -> Tensor:
             log_p = F.log_softmax(self.model(x[idx]) / t, dim=1)

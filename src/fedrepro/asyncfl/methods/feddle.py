@@ -16,6 +16,11 @@ coefficients c on its own data and steps w <- w + sum_m c_m a_m (asyncfl/atlas.p
   fits a fresh linear head for the other labels on the body of w + sum c'_m a_m, then searches c with that
   head fixed (Eq. 9-10) and updates the full model (body and head) with c.
 Each component is a switch, so the ablation (Table 3) is a grid of runs.
+
+BatchNorm statistics (asyncfl/base.py's rule): each anchor keeps its client's statistics; the search, its
+feature pass and the gradient-cosine diagnostic run in eval mode with the statistics merged at the search's
+starting c (FedBuff's merge with fallback_init), and the step merges them with the searched coefficients of
+the raw updates, c_m times the normalisation factor: b <- (1 - s) b + s sum_m p_m b_m.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedrepro.asyncfl.atlas import coefficient_grad, normalize_anchors, replace_slot, search_coefficients
-from fedrepro.asyncfl.base import AsyncMethod, Update
+from fedrepro.asyncfl.base import AsyncMethod, Update, merge_buffers
+from fedrepro.sim.tensors import eval_mode
 
 HEAD, CHUNK = 1, 512  # server-generator purpose of the OOD head fit; images per feature pass
 # the coefficient statistics of the last search (Fig. 6), NaN before the first
@@ -58,18 +64,21 @@ class Feddle(AsyncMethod):
         super().setup(run)
         self.capacity = self.atlas_size or 2 * run.clients_per_round
         stats = STATS + ("coef_grad_cos",) if self.grad_cosine else STATS
-        self.state = {"anchors": [], "scores": [], "ages": [], "fresh": [], "added": 0,
+        # anchor_buffers[m]: the BatchNorm statistics of anchor m's client (None for a model without any)
+        self.state = {"anchors": [], "anchor_buffers": [], "scores": [], "ages": [], "fresh": [], "added": 0,
                       "stats": dict.fromkeys(stats, math.nan)}
 
     def receive(self, w: Tensor, update: Update) -> Tensor:
         s = self.state
         slot = replace_slot(s["scores"], s["ages"], self.capacity, self.importance)
-        entry = (update.delta.clone(), math.inf, s["added"], True)  # not yet searched: never replaced by score
+        # not yet searched: never replaced by score
+        entry = (update.delta.clone(), update.buffers, math.inf, s["added"], True)
+        keys = ("anchors", "anchor_buffers", "scores", "ages", "fresh")
         if slot is None:
-            for key, value in zip(("anchors", "scores", "ages", "fresh"), entry, strict=True):
+            for key, value in zip(keys, entry, strict=True):
                 s[key].append(value)
         else:
-            for key, value in zip(("anchors", "scores", "ages", "fresh"), entry, strict=True):
+            for key, value in zip(keys, entry, strict=True):
                 s[key][slot] = value
         s["added"] += 1
         return w
@@ -90,12 +99,17 @@ class Feddle(AsyncMethod):
             factors = torch.ones(len(anchors), device=w.device)
         prior = self.fedbuff_coefficients(factors)
         c0 = prior if self.fallback_init else torch.zeros_like(prior)
-        loss = self.server_ce if self.server_data == "in_domain" else self.ood_loss(w + c0 @ anchors, rnd)
-        cosine = self.gradient_cosine(w, anchors, c0, loss, rnd) if self.grad_cosine else None
-        # Theorem 1's server step size is O(1 / sum_m ||a_m||^2): lr_scale "anchors" divides lr by it
-        lr = self.lr / float((anchors * anchors).sum()) if self.lr_scale == "anchors" else self.lr
-        c = search_coefficients(self.flat, w, anchors, c0, loss, len(self.run.server_y), self.epochs, lr,
-                                self.batch_size, self.server_generator(rnd), self.fallback_lambda, prior)
+        if self.run.global_buffers is not None:  # the search's model carries the statistics merged at c0
+            self.flat.load_buffers(self.merged_buffers(c0 * factors))
+        with eval_mode(self.model):  # no pass of the search trains: BatchNorm statistics stay as loaded
+            loss = self.server_ce if self.server_data == "in_domain" else self.ood_loss(w + c0 @ anchors, rnd)
+            cosine = self.gradient_cosine(w, anchors, c0, loss, rnd) if self.grad_cosine else None
+            # Theorem 1's server step size is O(1 / sum_m ||a_m||^2): lr_scale "anchors" divides lr by it
+            lr = self.lr / float((anchors * anchors).sum()) if self.lr_scale == "anchors" else self.lr
+            c = search_coefficients(self.flat, w, anchors, c0, loss, len(self.run.server_y), self.epochs, lr,
+                                    self.batch_size, self.server_generator(rnd), self.fallback_lambda, prior)
+        if self.run.global_buffers is not None:
+            self.run.global_buffers = self.merged_buffers(c * factors)
         s["scores"] = c.abs().tolist()
         s["fresh"] = [False] * len(c)
         s["stats"] = {"coef_mean": c.mean().item(), "coef_std": c.std().item() if len(c) > 1 else 0.0,
@@ -103,6 +117,10 @@ class Feddle(AsyncMethod):
                       "coef_neg_frac": (c < 0).float().mean().item(), "atlas": float(len(c)),
                       **({"coef_grad_cos": cosine} if cosine is not None else {})}
         return (w + c @ anchors).detach()
+
+    def merged_buffers(self, raw_coefficients: Tensor) -> Tensor:
+        """The global statistics merged with the anchors' by their coefficients on the raw (unnormalised) updates."""
+        return merge_buffers(self.run.global_buffers, raw_coefficients.tolist(), self.state["anchor_buffers"])
 
     def gradient_cosine(self, w: Tensor, anchors: Tensor, c: Tensor, loss, rnd: int) -> float:
         """cos(dL_search/dc, dCE_in-domain/dc) at ``c`` (Eq. 8's alignment of the surrogate's gradient)."""

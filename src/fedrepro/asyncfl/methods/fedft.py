@@ -1,5 +1,6 @@
 """Fed+FT: FedAvg's aggregate of the arrived updates, then fine-tuned on the in-domain server data for
-``epochs`` passes, in every round where updates arrived."""
+``epochs`` passes, in every round where updates arrived; the fine-tuning updates the merged BatchNorm
+statistics, as a client's training does."""
 
 from __future__ import annotations
 
@@ -21,5 +22,9 @@ class FedFT(AsyncMethod):
         if not self._arrived:
             return w
         w = super().round_end(w, rnd)
-        return train_vector(self.flat, w, self.server_ce, len(self.run.server_y), self.epochs, self.lr,
-                            self.batch_size, self.server_generator(rnd), self.optimizer)
+        self.load_global_buffers()
+        self.model.train()
+        w = train_vector(self.flat, w, self.server_ce, len(self.run.server_y), self.epochs, self.lr,
+                         self.batch_size, self.server_generator(rnd), self.optimizer)
+        self.keep_trained_buffers()
+        return w
