@@ -325,3 +325,24 @@ def test_cell_metrics_read_as_words() -> None:
         {"setting": "a", "metric": "cache_mb", "round": 20}]}
     assert accuracy_summary(spec) == ("max of last k; rounds to 55% accuracy; round bytes up (mean over "
                                       "evaluations, x 1e-06); cache mb at round 20")
+
+
+def test_scorecard_has_a_convergence_section_per_study_naming_the_runs_that_miss(tmp_path: Path) -> None:
+    spec = spec_of(TWO_COLS)
+    csv = tmp_path / "t.csv"
+    cells = cells_of(spec, [[70.0, 60.0], [69.0, 59.0], [1.0, 2.0]], [[NAN] * 2] * 3, [[NAN] * 2] * 3)
+    cells.assign(n_seeds=3, ours_std=[0.5, 3.0, 1.0, 1.0, 0.2, 0.2]).to_csv(csv, index=False)
+    flat, climbing = [50, 60, 70, 70, 70, 70, 70, 70], [10, 20, 30, 40, 50, 60, 70, 80]
+    runs = pd.DataFrame([dict(setting="x", method=m, seed=0, round=r + 1, test_acc=a)
+                         for m, curve in (("a", flat), ("b", climbing)) for r, a in enumerate(curve)])
+    summary = pd.DataFrame([dict(setting="x", method=m, seed=0, status="complete", final_acc=70.0,
+                                 per_class_acc="[70.0, 70.0]") for m in "ab"])
+    runs.to_csv(tmp_path / "runs.csv", index=False)
+    summary.to_csv(tmp_path / "summary.csv", index=False)
+    build_scorecard([("s", spec, csv)], "embedded", tmp_path / "sc.md", tmp_path / "sc.html",
+                    runs={"s": (tmp_path / "runs.csv", tmp_path / "summary.csv")})
+    md, page = (tmp_path / "sc.md").read_text(), (tmp_path / "sc.html").read_text()
+    assert "### Convergence" in md and "**1 of 2 (50%)**" in md
+    assert "| x | b | 0 | 8 | 55.00 | 75.00 | +20.00 | complete |" in md
+    assert "**5 of 6 (83%)**" in md and "| t | A | two | 3.00 | 3 |" in md
+    assert "<h3>Convergence</h3>" in page and "<strong>1 of 2 (50%)</strong>" in page

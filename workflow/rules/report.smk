@@ -64,6 +64,8 @@ rule scorecard:
     input:
         cells=scorecard_cells(),
         published=published_files(),
+        **{f"runs_{s}": f"{RES}/{s}/runs.csv" for s in STUDIES},
+        **{f"summary_{s}": f"{RES}/{s}/summary.csv" for s in STUDIES},
     output:
         md=f"{RES}/scorecard.md",
         html=report(
@@ -76,6 +78,7 @@ rule scorecard:
         tables=scorecard_tables(),
         scale=CFG["scale"],
         coverage=scorecard_coverage(),
+        studies=list(STUDIES),
     log:
         f"{RES}/logs/scorecard.log",
     conda:

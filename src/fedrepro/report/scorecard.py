@@ -17,6 +17,7 @@ from scipy.stats import kendalltau
 
 from fedrepro.config import column_refs
 from fedrepro.report.collect import write_text_atomic
+from fedrepro.report.convergence import StudyConvergence, convergence_blocks, study_convergence
 from fedrepro.report.derived import lower_is_better, metric_key
 
 EMBEDDED_STATEMENT = (
@@ -289,9 +290,23 @@ def coverage_line(shown_total: tuple[int, int] | list[int], what: str = "") -> s
     return f"Published cells shown{what}: {shown} / {total}."
 
 
+def convergence_markdown(conv: StudyConvergence, heading: str = "###") -> list[str]:
+    """A study's convergence subsection: runs at their plateau, cells' seed sd, methods at chance, and the runs
+    and cells that miss by name."""
+    statements, tables = convergence_blocks(conv)
+    lines = [f"{heading} Convergence", ""]
+    for text in statements:
+        lines += [text, ""]
+    for title, head, rows in tables:
+        lines += [f"{title}:", "", *_md_table(head, rows), ""]
+    return lines
+
+
 def study_markdown(study: str, scores: list[TableScore], scale: str, heading: str = "##",
-                   coverage: tuple[int, int] | None = None) -> list[str]:
-    """One study's section: how many published cells it shows, the table of tables, then its claims."""
+                   coverage: tuple[int, int] | None = None,
+                   convergence: StudyConvergence | None = None) -> list[str]:
+    """One study's section: how many published cells it shows, the table of tables, its claims, then whether its
+    runs are finished (``convergence``)."""
     lines = [f"{heading} {study}", ""]
     if coverage is not None:
         lines += [coverage_line(coverage), ""]
@@ -302,6 +317,8 @@ def study_markdown(study: str, scores: list[TableScore], scale: str, heading: st
         held = sum(c.holds is True for s in scores for c in s.claims)
         lines += ["", f"Ranking claims of the paper: {held} of {len(claims)} hold in our numbers.", ""]
         lines += _md_table(["table", "claim", "in the published numbers", "in ours"], claims)
+    if convergence is not None:
+        lines += ["", *convergence_markdown(convergence, heading + "#")]
     return lines + [""]
 
 
@@ -309,8 +326,10 @@ def _overall(coverage: dict[str, tuple[int, int]]) -> tuple[int, int]:
     return sum(c[0] for c in coverage.values()), sum(c[1] for c in coverage.values())
 
 
-def render_markdown(scores: list[TableScore], scale: str, coverage: dict[str, tuple[int, int]] | None = None) -> str:
-    """The whole scorecard as Markdown; ``coverage``: study -> (published cells shown, published cells)."""
+def render_markdown(scores: list[TableScore], scale: str, coverage: dict[str, tuple[int, int]] | None = None,
+                    convergence: dict[str, StudyConvergence] | None = None) -> str:
+    """The whole scorecard as Markdown; ``coverage``: study -> (published cells shown, published cells);
+    ``convergence``: study -> its runs' plateaus and cells' seed sd."""
     lines = ["# Scorecard: the papers' tables regenerated", ""]
     for para in _intro(scale):
         lines += [para, ""]
@@ -318,7 +337,7 @@ def render_markdown(scores: list[TableScore], scale: str, coverage: dict[str, tu
         lines += [coverage_line(_overall(coverage), f", all studies ({scale} scale)"), ""]
     for study in dict.fromkeys(s.study for s in scores):
         lines += study_markdown(study, [s for s in scores if s.study == study], scale,
-                                coverage=(coverage or {}).get(study))
+                                coverage=(coverage or {}).get(study), convergence=(convergence or {}).get(study))
     return "\n".join(lines)
 
 
@@ -347,7 +366,8 @@ def _md_inline(text: str) -> str:
     return "".join(f"<strong>{p}</strong>" if i % 2 else p for i, p in enumerate(parts))
 
 
-def render_html(scores: list[TableScore], scale: str, coverage: dict[str, tuple[int, int]] | None = None) -> str:
+def render_html(scores: list[TableScore], scale: str, coverage: dict[str, tuple[int, int]] | None = None,
+                convergence: dict[str, StudyConvergence] | None = None) -> str:
     """The whole scorecard as a standalone HTML page (for the Snakemake report)."""
     body = ["<h1>Scorecard: the papers' tables regenerated</h1>", *(f"<p>{_md_inline(p)}</p>" for p in _intro(scale))]
     if coverage:
@@ -362,15 +382,28 @@ def render_html(scores: list[TableScore], scale: str, coverage: dict[str, tuple[
         if claims:
             body += ["<h3>Ranking claims</h3>",
                      _html_table(["table", "claim", "in the published numbers", "in ours"], claims)]
+        if convergence and study in convergence:
+            statements, tables = convergence_blocks(convergence[study])
+            body += ["<h3>Convergence</h3>", *(f"<p>{_md_inline(t)}</p>" for t in statements)]
+            for title, head, rows in tables:
+                body += [f"<p>{html.escape(title)}:</p>", _html_table(head, rows)]
     return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>Scorecard</title>"
             f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n")
 
 
 def build_scorecard(tables: list[tuple[str, dict, Path]], scale: str, md_out: Path, html_out: Path,
-                    coverage: dict[str, tuple[int, int]] | None = None) -> list[TableScore]:
+                    coverage: dict[str, tuple[int, int]] | None = None,
+                    runs: dict[str, tuple[Path, Path]] | None = None) -> list[TableScore]:
     """Score every (study, table spec, cell CSV) and write the Markdown and HTML scorecards, with each
-    study's published cells shown / published cells (``coverage``, fedrepro.report.coverage) if given."""
-    scores = [score_table(study, spec, pd.read_csv(path)) for study, spec, path in tables]
-    write_text_atomic(render_markdown(scores, scale, coverage), Path(md_out))
-    write_text_atomic(render_html(scores, scale, coverage), Path(html_out))
+    study's published cells shown / published cells (``coverage``, fedrepro.report.coverage) and, given its
+    (runs.csv, summary.csv) in ``runs``, its convergence section (fedrepro.report.convergence)."""
+    cells = [(study, spec, pd.read_csv(path)) for study, spec, path in tables]
+    scores = [score_table(study, spec, table_cells) for study, spec, table_cells in cells]
+    convergence = {
+        study: study_convergence(study, pd.read_csv(runs_csv), pd.read_csv(summary_csv),
+                                 [(spec, c) for s, spec, c in cells if s == study])
+        for study, (runs_csv, summary_csv) in (runs or {}).items()
+    }
+    write_text_atomic(render_markdown(scores, scale, coverage, convergence), Path(md_out))
+    write_text_atomic(render_html(scores, scale, coverage, convergence), Path(html_out))
     return scores
