@@ -11,6 +11,7 @@ from conftest import dirichlet_clients
 from torch import nn
 
 from fedrepro import seeding
+from fedrepro.hetero.base import head_of
 from fedrepro.hetero.engine import SERVER_TRAIN, HeteroConfig, HeteroRun, payload_bytes
 from fedrepro.hetero.methods import build_method
 from fedrepro.hetero.methods.fedkd import svd_compress, svd_recover
@@ -69,6 +70,32 @@ def test_head_sharing_methods_refuse_heterogeneous_heads(small_data, parts, meth
     run.modules["mlp"].head = nn.Sequential(nn.Linear(K, 8), nn.Tanh(), nn.Linear(8, 10))  # an HtM10-like head
     with pytest.raises(ValueError, match="one head shape"):
         build_method(method).setup(run)
+
+
+@pytest.mark.parametrize("method", ["lg_fedavg", "fedgh"])
+def test_head_sharing_methods_evaluate_every_client_with_the_global_head(small_data, parts, method):
+    """HtFLlib's servers write the global head into every client's model before evaluating it: the scored
+    logits are the global head's on the client's own features, sampled this round or not."""
+    run = make_run(small_data, parts, method, cfg=dataclasses.replace(CFG, rounds=2, join_ratio=0.6))
+    run.run()
+    global_head = run.method.state["head"]
+    scored = {}
+    original = run.method.predict
+
+    def predict(client, features, logits):
+        scored[client.cid] = (head_of(client.model), features, logits)
+        return original(client, features, logits)
+
+    run.method.predict = predict
+    run.evaluate()
+    assert sorted(scored) == list(range(5))
+    for head, features, logits in scored.values():
+        torch.testing.assert_close(head["weight"], global_head["weight"])
+        torch.testing.assert_close(head["bias"], global_head["bias"])
+        torch.testing.assert_close(logits, F.linear(features, global_head["weight"], global_head["bias"]))
+    # the clients' stored heads are their own (locally trained or older), untouched by the evaluation
+    own = [run.client_params(c, "head.")["weight"] for c in range(5)]
+    assert not any(torch.equal(w, global_head["weight"]) for w in own)
 
 
 def test_fedgh_uploads_class_prototypes_and_trains_the_global_head_on_them(small_data, parts):

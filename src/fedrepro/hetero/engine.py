@@ -261,6 +261,7 @@ class HeteroRun:
         for cid in range(self.num_clients):
             idx = self.test_idx[cid]
             client = self.load_client(cid, 0)
+            self.method.prepare_evaluation(client)
             client.model.eval()
             right_c = 0.0
             for start in range(0, len(idx), batch_size):
@@ -296,6 +297,7 @@ class HeteroRun:
             keep = torch.cat([torch.nonzero(y == c).squeeze(1)[:per_class] for c in y.unique()])
             idx = idx[keep.sort().values]
             client = self.load_client(cid, 0)
+            self.method.prepare_evaluation(client)
             client.model.eval()
             z = client.model.body(self.data.x_train[idx])
             if space == "logit":
