@@ -45,14 +45,19 @@ def parts(small_data):
 
 def test_lg_fedavg_averages_heads_by_size_and_never_bodies(small_data, parts):
     run = make_run(small_data, parts, "lg_fedavg", cfg=dataclasses.replace(CFG, rounds=1))
+    head0 = {k: v.clone() for k, v in run.method.state["head"].items()}
+    torch.testing.assert_close(head0["weight"], run.client_params(0, "head.")["weight"])  # client 0's head
     ups = record_uploads(run)
     run.run()
     total = sum(n for _, n in ups.values())
     for name in ("weight", "bias"):
         expected = sum(up["head"][name] * n for up, n in ups.values()) / total
         torch.testing.assert_close(run.method.state["head"][name], expected)
-    # round 1 had no global head yet: every client's whole model is exactly what local training gives
+    # round 1's clients start from client 0's initial head [HtFLlib], then train as local training does
     local = make_run(small_data, parts, "local", cfg=dataclasses.replace(CFG, rounds=1))
+    for c in range(5):
+        local.flats[local.arch_of[c]].as_params(local.client_w[c], "head.")["weight"].copy_(head0["weight"])
+        local.flats[local.arch_of[c]].as_params(local.client_w[c], "head.")["bias"].copy_(head0["bias"])
     local.run()
     assert all(torch.equal(run.client_w[c], local.client_w[c]) for c in range(5))
     # the next round's clients get the averaged head, their bodies stay their own
