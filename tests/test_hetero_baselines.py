@@ -187,8 +187,21 @@ def test_fedkd_svd_keeps_the_fewest_singular_values_above_the_energy():
 
 
 @pytest.mark.parametrize("method", ["fed_distill", "fedproto"])
-def test_global_prototype_is_the_size_weighted_class_mean_of_client_prototypes(small_data, parts, method):
+def test_global_prototype_is_the_equal_weight_class_mean_of_client_prototypes(small_data, parts, method):
+    """HtFLlib's proto_aggregation by default: every client that sent class c counts once, whatever its size."""
     run = make_run(small_data, parts, method, cfg=dataclasses.replace(CFG, rounds=1))
+    ups = record_uploads(run)
+    run.run()
+    assert all("counts" not in up for up, _ in ups.values())  # nothing to weight by: no counts travel
+    present = torch.zeros(10, dtype=torch.bool)
+    for c in range(10):
+        rows = [up["rows"][up["classes"].tolist().index(c)] for up, _ in ups.values() if c in up["classes"].tolist()]
+        if rows:
+            present[c] = True
+            torch.testing.assert_close(run.method.state["global"][c], sum(rows) / len(rows))
+    assert torch.equal(run.method.state["present"], present)
+    # FedProto's Eq. 6 on request: weighted by the clients' class counts, which they then upload
+    run = make_run(small_data, parts, method, cfg=dataclasses.replace(CFG, rounds=1), aggregation="samples")
     ups = record_uploads(run)
     run.run()
     dim = 10 if method == "fed_distill" else K
@@ -198,25 +211,16 @@ def test_global_prototype_is_the_size_weighted_class_mean_of_client_prototypes(s
         cls = up["classes"].long()
         num[cls] += up["rows"] * up["counts"].float().unsqueeze(1)
         den[cls] += up["counts"].float()
-    present = den > 0
-    assert torch.equal(run.method.state["present"], present)
-    torch.testing.assert_close(run.method.state["global"][present], num[present] / den[present].unsqueeze(1))
-    # the equal-weight variant (HtFLlib's proto_aggregation) differs and sends no counts
-    run = make_run(small_data, parts, method, cfg=dataclasses.replace(CFG, rounds=1), aggregation="clients")
-    ups = record_uploads(run)
-    run.run()
-    assert all("counts" not in up for up, _ in ups.values())
-    for c in range(10):
-        rows = [up["rows"][up["classes"].tolist().index(c)] for up, _ in ups.values() if c in up["classes"].tolist()]
-        if rows:
-            torch.testing.assert_close(run.method.state["global"][c], sum(rows) / len(rows))
+    assert torch.equal(run.method.state["present"], den > 0)
+    torch.testing.assert_close(run.method.state["global"][den > 0], num[den > 0] / den[den > 0].unsqueeze(1))
 
 
 @pytest.mark.parametrize("method", ["fed_distill", "fedproto"])
 def test_uploaded_prototypes_are_the_class_means_of_training_outputs(small_data, parts, method):
     """With lr = 0 the model is fixed, so the per-class average of the outputs produced while training is
     the class mean of the model's outputs over the trained batches."""
-    run = make_run(small_data, parts, method, cfg=dataclasses.replace(CFG, rounds=1, lr=0.0, local_epochs=2))
+    run = make_run(small_data, parts, method, cfg=dataclasses.replace(CFG, rounds=1, lr=0.0, local_epochs=2),
+                   aggregation="samples")  # the counts travel only where the server weights by them
     ups = record_uploads(run)
     run.run()
     for cid in (0, 3):
