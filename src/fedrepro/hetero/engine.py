@@ -220,6 +220,8 @@ class HeteroRun:
         cfg, n = self.cfg, len(idx)
         stop = n - n % cfg.batch_size if cfg.drop_last and n >= cfg.batch_size else n
         for _ in range(cfg.local_epochs):
+            # HtFLlib's client loaders keep one fixed order (shuffle=False, so drop_last always drops the same
+            # samples); here every epoch reshuffles, seeded (documented deviation D-fedl2g-shuffle)
             order = idx[torch.randperm(n, generator=gen).to(idx.device)]
             for start in range(0, stop, cfg.batch_size):
                 yield order[start : start + cfg.batch_size]

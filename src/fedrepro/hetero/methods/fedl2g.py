@@ -167,7 +167,9 @@ class FedL2GLogit(HeteroMethod):
         mask_seed = seeding.derive_seed(run.seed, META, client.round, client.cid, 1)
         pi = feedback_gradient(client.model, params, buffers, client.extras["guide"], x[batch], y[batch],
                                x[quiz], y[quiz], run.cfg.lr, self.space, mask_seed)
-        rows = pi.abs().sum(1) > 0  # only the non-zero rows travel (classes of the study batch)
+        # only the non-zero rows travel (classes of the study batch), as the reference code sends them; the
+        # paper's Table 3 lists FedDistill's upload for FedL2G instead (deviation D-fedl2g-upload-mb)
+        rows = pi.abs().sum(1) > 0
         return {"classes": rows.nonzero().squeeze(1).to(torch.int32), "rows": pi[rows]}
 
     # ----- server
