@@ -134,9 +134,10 @@ def test_bytes_are_measured_per_round_and_cumulated(small_data):
     lg = make_run(small_data, parts, "lg_fedavg").run()
     head = (FD * 10 + 10) * 4  # float32 Linear(K, C)
     first, second = lg.history
-    assert first["round_bytes_up"] == 4 * head and first["round_bytes_down"] == 0  # nothing to send yet
+    # round 1 already sends the server's head (client 0's initial one, as HtFLlib's LG-FedAvg)
+    assert first["round_bytes_up"] == first["round_bytes_down"] == 4 * head
     assert second["round_bytes_down"] == 4 * head
-    assert second["bytes_up"] == 8 * head and second["bytes_down"] == 4 * head
+    assert second["bytes_up"] == second["bytes_down"] == 8 * head
     assert all(r["client_seconds"] > 0 and r["server_seconds"] >= 0 for r in lg.history)
     nested = {"a": torch.zeros(3), "b": {"u": torch.zeros(2, 2, dtype=torch.float64)},
               "c": [torch.zeros(1, dtype=torch.int32)]}
