@@ -15,7 +15,7 @@ from torch.func import functional_call
 from fedrepro import seeding
 from fedrepro.hetero.engine import META, HeteroConfig, HeteroRun
 from fedrepro.hetero.methods import build_method
-from fedrepro.hetero.methods.fedl2g import feedback_gradient
+from fedrepro.hetero.methods.fedl2g import feedback_gradient, replayed_dropout
 from fedrepro.models.cnn import SplitModel
 from fedrepro.models.groups import build_arch
 
@@ -24,16 +24,22 @@ CFG = HeteroConfig(rounds=3, batch_size=10, lr=0.05)
 
 
 def tiny_models() -> dict[str, SplitModel]:
-    """A conv net and an MLP with BatchNorm (train-mode statistics couple the batch's samples)."""
+    """A conv net, an MLP with BatchNorm (train-mode statistics couple the batch's samples) and one with dropout
+    in the body (as GoogLeNet and MobileNetV2 keep before their feature pool)."""
     torch.manual_seed(0)
     bn_body = nn.Sequential(nn.Flatten(), nn.Linear(64, 12), nn.BatchNorm1d(12), nn.ReLU(), nn.Linear(12, K),
                             nn.Tanh())
+    dropout_body = nn.Sequential(nn.Flatten(), nn.Linear(64, 12), nn.ReLU(), nn.Dropout(0.5), nn.Linear(12, K),
+                                 nn.Tanh(), nn.Dropout(0.2))
     return {"resnet_mini": build_arch("resnet_mini", (8, 8, 1), C, K).double(),
-            "mlp_bn": SplitModel(bn_body, K, C).double()}
+            "mlp_bn": SplitModel(bn_body, K, C).double(),
+            "mlp_dropout": SplitModel(dropout_body, K, C).double()}
 
 
-def exact_feedback(model, guide, xs, ys, xq, yq, lr, space):
-    """d CE(f(x_q; theta'), y_q) / d G through theta'(G) = theta - lr grad[CE + MSE] with create_graph."""
+def exact_feedback(model, guide, xs, ys, xq, yq, lr, space, mask_seed=0):
+    """d CE(f(x_q; theta'), y_q) / d G through theta'(G) = theta - lr grad[CE + MSE] with create_graph: one
+    forward pass over the study batch (dropout mask ``replayed_dropout(mask_seed)``), one over the quiz batch
+    (the global generator's next mask)."""
     params = {k: v.detach().clone().requires_grad_() for k, v in model.named_parameters()}
     buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
     guide = guide.clone().requires_grad_()
@@ -44,7 +50,8 @@ def exact_feedback(model, guide, xs, ys, xq, yq, lr, space):
                                              **{k[5:]: v for k, v in b.items() if k.startswith("body.")}}, (x,))
         return feats, functional_call(model.head, {k[5:]: v for k, v in p.items() if k.startswith("head.")}, (feats,))
 
-    feats, logits = forward(params, xs)
+    with replayed_dropout(mask_seed, xs.device):
+        feats, logits = forward(params, xs)
     z = logits if space == "logit" else feats
     study = F.cross_entropy(logits, ys) + F.mse_loss(z, guide[ys])
     grads = torch.autograd.grad(study, list(params.values()), create_graph=True)
@@ -53,22 +60,32 @@ def exact_feedback(model, guide, xs, ys, xq, yq, lr, space):
     return torch.autograd.grad(quiz, guide)[0]
 
 
+NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
 @pytest.mark.parametrize("space", ["logit", "feature"])
-@pytest.mark.parametrize("arch", ["resnet_mini", "mlp_bn"])
-def test_first_order_feedback_equals_the_exact_gradient_through_theta_prime(arch, space):
-    model = tiny_models()[arch]
+@pytest.mark.parametrize("arch,device", [("resnet_mini", "cpu"), ("mlp_bn", "cpu"), ("mlp_dropout", "cpu"),
+                                         pytest.param("mlp_dropout", "cuda", marks=NO_CUDA)])  # CUDA's fused dropout
+def test_first_order_feedback_equals_the_exact_gradient_through_theta_prime(arch, device, space):
+    model = tiny_models()[arch].to(device)
     gen = torch.Generator().manual_seed(1)
-    guide = torch.randn(C, C if space == "logit" else K, generator=gen, dtype=torch.float64)
-    xs = torch.randn(8, 1, 8, 8, generator=gen, dtype=torch.float64)
-    ys = torch.tensor([0, 1, 1, 3, 3, 3, 0, 1])
-    xq = torch.randn(5, 1, 8, 8, generator=gen, dtype=torch.float64)
-    yq = torch.tensor([0, 2, 4, 1, 3])
+    guide = torch.randn(C, C if space == "logit" else K, generator=gen, dtype=torch.float64).to(device)
+    xs = torch.randn(8, 1, 8, 8, generator=gen, dtype=torch.float64).to(device)
+    ys = torch.tensor([0, 1, 1, 3, 3, 3, 0, 1], device=device)
+    xq = torch.randn(5, 1, 8, 8, generator=gen, dtype=torch.float64).to(device)
+    yq = torch.tensor([0, 2, 4, 1, 3], device=device)
     params = {k: v.detach() for k, v in model.named_parameters()}
     buffers = {k: v.detach() for k, v in model.named_buffers()}
     stats = {k: v.clone() for k, v in buffers.items()}
-    ours = feedback_gradient(model, params, buffers, guide, xs, ys, xq, yq, 0.05, space)
-    exact = exact_feedback(model, guide, xs, ys, xq, yq, 0.05, space)
+    torch.manual_seed(3)  # the quiz pass's dropout mask: the same draw in both
+    ours = feedback_gradient(model, params, buffers, guide, xs, ys, xq, yq, 0.05, space, mask_seed=11)
+    torch.manual_seed(3)
+    exact = exact_feedback(model, guide, xs, ys, xq, yq, 0.05, space, mask_seed=11)
     assert exact.abs().max() > 1e-6  # a real signal, not two zeros
+    if arch == "mlp_dropout":  # the mask matters: another study-batch mask gives another gradient
+        torch.manual_seed(3)
+        other = feedback_gradient(model, params, buffers, guide, xs, ys, xq, yq, 0.05, space, mask_seed=12)
+        assert not torch.allclose(other, exact)
     torch.testing.assert_close(ours, exact, rtol=1e-9, atol=1e-12)
     # only rows of classes in the study batch are non-zero (class 2 and 4 are only in the quiz batch)
     assert (ours.abs().sum(1) > 0).nonzero().squeeze(1).tolist() == [0, 1, 3]
@@ -76,9 +93,10 @@ def test_first_order_feedback_equals_the_exact_gradient_through_theta_prime(arch
     assert all(torch.equal(stats[k], v) for k, v in buffers.items())
     # float32, as runs compute it: the same up to float32 rounding
     m32 = model.float()
+    torch.manual_seed(3)
     ours32 = feedback_gradient(m32, {k: v.detach() for k, v in m32.named_parameters()},
                                {k: v.detach() for k, v in m32.named_buffers()}, guide.float(), xs.float(), ys,
-                               xq.float(), yq, 0.05, space)
+                               xq.float(), yq, 0.05, space, mask_seed=11)
     torch.testing.assert_close(ours32.double(), exact, rtol=1e-3, atol=1e-6)
 
 

@@ -11,6 +11,7 @@ from conftest import dirichlet_clients
 from torch import nn
 
 from fedrepro import seeding
+from fedrepro.hetero.base import head_of
 from fedrepro.hetero.engine import SERVER_TRAIN, HeteroConfig, HeteroRun, payload_bytes
 from fedrepro.hetero.methods import build_method
 from fedrepro.hetero.methods.fedkd import svd_compress, svd_recover
@@ -44,14 +45,19 @@ def parts(small_data):
 
 def test_lg_fedavg_averages_heads_by_size_and_never_bodies(small_data, parts):
     run = make_run(small_data, parts, "lg_fedavg", cfg=dataclasses.replace(CFG, rounds=1))
+    head0 = {k: v.clone() for k, v in run.method.state["head"].items()}
+    torch.testing.assert_close(head0["weight"], run.client_params(0, "head.")["weight"])  # client 0's head
     ups = record_uploads(run)
     run.run()
     total = sum(n for _, n in ups.values())
     for name in ("weight", "bias"):
         expected = sum(up["head"][name] * n for up, n in ups.values()) / total
         torch.testing.assert_close(run.method.state["head"][name], expected)
-    # round 1 had no global head yet: every client's whole model is exactly what local training gives
+    # round 1's clients start from client 0's initial head [HtFLlib], then train as local training does
     local = make_run(small_data, parts, "local", cfg=dataclasses.replace(CFG, rounds=1))
+    for c in range(5):
+        local.flats[local.arch_of[c]].as_params(local.client_w[c], "head.")["weight"].copy_(head0["weight"])
+        local.flats[local.arch_of[c]].as_params(local.client_w[c], "head.")["bias"].copy_(head0["bias"])
     local.run()
     assert all(torch.equal(run.client_w[c], local.client_w[c]) for c in range(5))
     # the next round's clients get the averaged head, their bodies stay their own
@@ -69,6 +75,32 @@ def test_head_sharing_methods_refuse_heterogeneous_heads(small_data, parts, meth
     run.modules["mlp"].head = nn.Sequential(nn.Linear(K, 8), nn.Tanh(), nn.Linear(8, 10))  # an HtM10-like head
     with pytest.raises(ValueError, match="one head shape"):
         build_method(method).setup(run)
+
+
+@pytest.mark.parametrize("method", ["lg_fedavg", "fedgh"])
+def test_head_sharing_methods_evaluate_every_client_with_the_global_head(small_data, parts, method):
+    """HtFLlib's servers write the global head into every client's model before evaluating it: the scored
+    logits are the global head's on the client's own features, sampled this round or not."""
+    run = make_run(small_data, parts, method, cfg=dataclasses.replace(CFG, rounds=2, join_ratio=0.6))
+    run.run()
+    global_head = run.method.state["head"]
+    scored = {}
+    original = run.method.predict
+
+    def predict(client, features, logits):
+        scored[client.cid] = (head_of(client.model), features, logits)
+        return original(client, features, logits)
+
+    run.method.predict = predict
+    run.evaluate()
+    assert sorted(scored) == list(range(5))
+    for head, features, logits in scored.values():
+        torch.testing.assert_close(head["weight"], global_head["weight"])
+        torch.testing.assert_close(head["bias"], global_head["bias"])
+        torch.testing.assert_close(logits, F.linear(features, global_head["weight"], global_head["bias"]))
+    # the clients' stored heads are their own (locally trained or older), untouched by the evaluation
+    own = [run.client_params(c, "head.")["weight"] for c in range(5)]
+    assert not any(torch.equal(w, global_head["weight"]) for w in own)
 
 
 def test_fedgh_uploads_class_prototypes_and_trains_the_global_head_on_them(small_data, parts):
@@ -155,8 +187,21 @@ def test_fedkd_svd_keeps_the_fewest_singular_values_above_the_energy():
 
 
 @pytest.mark.parametrize("method", ["fed_distill", "fedproto"])
-def test_global_prototype_is_the_size_weighted_class_mean_of_client_prototypes(small_data, parts, method):
+def test_global_prototype_is_the_equal_weight_class_mean_of_client_prototypes(small_data, parts, method):
+    """HtFLlib's proto_aggregation by default: every client that sent class c counts once, whatever its size."""
     run = make_run(small_data, parts, method, cfg=dataclasses.replace(CFG, rounds=1))
+    ups = record_uploads(run)
+    run.run()
+    assert all("counts" not in up for up, _ in ups.values())  # nothing to weight by: no counts travel
+    present = torch.zeros(10, dtype=torch.bool)
+    for c in range(10):
+        rows = [up["rows"][up["classes"].tolist().index(c)] for up, _ in ups.values() if c in up["classes"].tolist()]
+        if rows:
+            present[c] = True
+            torch.testing.assert_close(run.method.state["global"][c], sum(rows) / len(rows))
+    assert torch.equal(run.method.state["present"], present)
+    # FedProto's Eq. 6 on request: weighted by the clients' class counts, which they then upload
+    run = make_run(small_data, parts, method, cfg=dataclasses.replace(CFG, rounds=1), aggregation="samples")
     ups = record_uploads(run)
     run.run()
     dim = 10 if method == "fed_distill" else K
@@ -166,25 +211,16 @@ def test_global_prototype_is_the_size_weighted_class_mean_of_client_prototypes(s
         cls = up["classes"].long()
         num[cls] += up["rows"] * up["counts"].float().unsqueeze(1)
         den[cls] += up["counts"].float()
-    present = den > 0
-    assert torch.equal(run.method.state["present"], present)
-    torch.testing.assert_close(run.method.state["global"][present], num[present] / den[present].unsqueeze(1))
-    # the equal-weight variant (HtFLlib's proto_aggregation) differs and sends no counts
-    run = make_run(small_data, parts, method, cfg=dataclasses.replace(CFG, rounds=1), aggregation="clients")
-    ups = record_uploads(run)
-    run.run()
-    assert all("counts" not in up for up, _ in ups.values())
-    for c in range(10):
-        rows = [up["rows"][up["classes"].tolist().index(c)] for up, _ in ups.values() if c in up["classes"].tolist()]
-        if rows:
-            torch.testing.assert_close(run.method.state["global"][c], sum(rows) / len(rows))
+    assert torch.equal(run.method.state["present"], den > 0)
+    torch.testing.assert_close(run.method.state["global"][den > 0], num[den > 0] / den[den > 0].unsqueeze(1))
 
 
 @pytest.mark.parametrize("method", ["fed_distill", "fedproto"])
 def test_uploaded_prototypes_are_the_class_means_of_training_outputs(small_data, parts, method):
     """With lr = 0 the model is fixed, so the per-class average of the outputs produced while training is
     the class mean of the model's outputs over the trained batches."""
-    run = make_run(small_data, parts, method, cfg=dataclasses.replace(CFG, rounds=1, lr=0.0, local_epochs=2))
+    run = make_run(small_data, parts, method, cfg=dataclasses.replace(CFG, rounds=1, lr=0.0, local_epochs=2),
+                   aggregation="samples")  # the counts travel only where the server weights by them
     ups = record_uploads(run)
     run.run()
     for cid in (0, 3):

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import dirichlet_clients
+from torch import nn
 
 from fedrepro import seeding
 from fedrepro.hetero.engine import HeteroConfig, HeteroRun, payload_bytes, pooled, split_client
@@ -133,9 +134,10 @@ def test_bytes_are_measured_per_round_and_cumulated(small_data):
     lg = make_run(small_data, parts, "lg_fedavg").run()
     head = (FD * 10 + 10) * 4  # float32 Linear(K, C)
     first, second = lg.history
-    assert first["round_bytes_up"] == 4 * head and first["round_bytes_down"] == 0  # nothing to send yet
+    # round 1 already sends the server's head (client 0's initial one, as HtFLlib's LG-FedAvg)
+    assert first["round_bytes_up"] == first["round_bytes_down"] == 4 * head
     assert second["round_bytes_down"] == 4 * head
-    assert second["bytes_up"] == 8 * head and second["bytes_down"] == 4 * head
+    assert second["bytes_up"] == second["bytes_down"] == 8 * head
     assert all(r["client_seconds"] > 0 and r["server_seconds"] >= 0 for r in lg.history)
     nested = {"a": torch.zeros(3), "b": {"u": torch.zeros(2, 2, dtype=torch.float64)},
               "c": [torch.zeros(1, dtype=torch.int32)]}
@@ -219,3 +221,23 @@ def test_every_paper_scale_architecture_runs_on_32x32_and_ends_in_512_features(a
     grads = [p.grad for p in model.parameters() if p.requires_grad]
     assert grads and all(g is not None and torch.isfinite(g).all() for g in grads)
     assert any(g.abs().sum() > 0 for g in grads[:3])  # the gradient reaches the first layers
+
+
+@pytest.mark.parametrize("arch", ["googlenet", "mobilenet_v2"])
+def test_googlenet_and_mobilenet_bodies_keep_their_dropout_before_the_pool_to_512(arch):
+    """HtFLlib's BaseHeadSplit replaces only the classifier Linear: torchvision's GoogLeNet and HtFLlib's own
+    MobileNetV2 keep Dropout(0.2) after the global average pool, in the body; the head is one Linear."""
+    torch.manual_seed(0)
+    model = build_arch(arch, (32, 32, 3), 10)
+    dropouts = [m for m in model.body.modules() if isinstance(m, nn.Dropout)]
+    assert [m.p for m in dropouts] == [0.2]
+    stem = model.body.classifier if arch == "mobilenet_v2" else model.body
+    names = [type(m).__name__ for m in stem.children()]
+    assert names[-2:] == ["Dropout", "PoolTo"]  # dropout on the pooled features, then the pool to K
+    assert isinstance(model.head, nn.Linear)
+    x = torch.randn(2, 3, 32, 32)
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(model.body(x), model.body(x))
+        model.train()
+        assert not torch.equal(model.body(x), model.body(x))  # train mode drops units

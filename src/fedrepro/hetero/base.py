@@ -5,7 +5,8 @@ A round, per sampled client (hetero/engine.py): ``broadcast`` (server -> client,
 ``receive`` (the client installs it), local SGD over ``local_indices`` with ``local_loss`` on the
 ``trainables`` (skipped where ``trains`` says so, e.g. FedL2G's warm-up), ``upload`` (client -> server,
 counted in bytes up), ``server_receive``; then ``server_end`` once. ``predict`` turns features and logits into
-class predictions for evaluation (FedProto classifies by nearest prototype).
+class predictions for evaluation (FedProto classifies by nearest prototype); ``prepare_evaluation`` installs
+what the server sends every client before it is evaluated (LG-FedAvg's and FedGH's global head).
 Everything that must survive a checkpoint lives in ``self.state`` (tensors, dicts and lists of tensors);
 modules a method builds in ``setup`` are scratch space reloaded from ``self.state`` when used.
 """
@@ -117,6 +118,9 @@ class HeteroMethod:
         """Aggregate this round's uploads into the server state."""
 
     # ----- evaluation and logging
+    def prepare_evaluation(self, client: ClientRound) -> None:
+        """Change the loaded client's model into the one evaluated (the stored state is left as it is)."""
+
     def predict(self, client: ClientRound, features: Tensor, logits: Tensor) -> Tensor:
         """Class predictions of the client's model (default: the head's argmax)."""
         return logits.argmax(1)

@@ -220,6 +220,8 @@ class HeteroRun:
         cfg, n = self.cfg, len(idx)
         stop = n - n % cfg.batch_size if cfg.drop_last and n >= cfg.batch_size else n
         for _ in range(cfg.local_epochs):
+            # HtFLlib's client loaders keep one fixed order (shuffle=False, so drop_last always drops the same
+            # samples); here every epoch reshuffles, seeded (documented deviation D-fedl2g-shuffle)
             order = idx[torch.randperm(n, generator=gen).to(idx.device)]
             for start in range(0, stop, cfg.batch_size):
                 yield order[start : start + cfg.batch_size]
@@ -261,6 +263,7 @@ class HeteroRun:
         for cid in range(self.num_clients):
             idx = self.test_idx[cid]
             client = self.load_client(cid, 0)
+            self.method.prepare_evaluation(client)
             client.model.eval()
             right_c = 0.0
             for start in range(0, len(idx), batch_size):
@@ -296,6 +299,7 @@ class HeteroRun:
             keep = torch.cat([torch.nonzero(y == c).squeeze(1)[:per_class] for c in y.unique()])
             idx = idx[keep.sort().values]
             client = self.load_client(cid, 0)
+            self.method.prepare_evaluation(client)
             client.model.eval()
             z = client.model.body(self.data.x_train[idx])
             if space == "logit":

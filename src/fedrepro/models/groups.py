@@ -13,8 +13,10 @@ Groups:
   (torchvision's ResNet stem and BasicBlocks with fewer stages). Not pretrained; they keep their
   BatchNorm (the paper's models; no method here averages a BatchNorm model's statistics: the shared
   auxiliary model of FML/FedKD is the group's smallest member, BatchNorm-free in HtFE2/4/8 and HtM10).
-  GoogleNet keeps its dropout before the (replaced) classifier as torchvision builds it; MobileNetV2's
-  dropout goes with its classifier. ViTs (HtM10) get HtFLlib's head Linear(K, 768)-Tanh-Linear(768, C).
+  GoogleNet keeps its dropout before the (replaced) classifier as torchvision builds it, and MobileNetV2
+  keeps Dropout(0.2) before the pool to K as HtFLlib's own MobileNetV2 (trainmodel/mobilenet_v2.py, the one
+  its groups use) has it outside its ``fc`` (torchvision's would lose it with its ``classifier``). ViTs
+  (HtM10) get HtFLlib's head Linear(K, 768)-Tanh-Linear(768, C).
 """
 
 from __future__ import annotations
@@ -114,6 +116,14 @@ def _tv(builder_name: str, **kwargs) -> Callable[..., SplitModel]:
     return build
 
 
+def mobilenet_v2(shape: tuple[int, int, int], num_classes: int, feature_dim: int = 512) -> SplitModel:
+    """HtFLlib's MobileNetV2: torchvision's layers, then Dropout(0.2) and the pool to K in the body (HtFLlib
+    replaces only its ``fc``, after the dropout), Linear head."""
+    model = _tv("mobilenet_v2")(shape, num_classes, feature_dim)
+    model.body.classifier = nn.Sequential(nn.Dropout(0.2), PoolTo(feature_dim))
+    return model
+
+
 def _vit(builder_name: str) -> Callable[..., SplitModel]:
     def build(shape: tuple[int, int, int], num_classes: int, feature_dim: int = 512) -> SplitModel:
         import torchvision
@@ -175,7 +185,7 @@ ARCHITECTURES: dict[str, Callable[..., SplitModel]] = {
     "resnet101": _tv("resnet101"),
     "resnet152": _tv("resnet152"),
     "googlenet": _tv("googlenet", aux_logits=False, init_weights=True),
-    "mobilenet_v2": _tv("mobilenet_v2"),
+    "mobilenet_v2": mobilenet_v2,
     "vit_b_16": _vit("vit_b_16"),
     "vit_b_32": _vit("vit_b_32"),
 }

@@ -3,10 +3,11 @@
 Local objective: CE(f(x), y) + lamda * CE(f(x), softmax(t)), t = the global logit prototype of y where the
 server has one (else the sample's own detached logits: a zero-gradient term). While training, each client
 averages the logits it produces per class (train mode, every batch of every epoch, before each step) and
-uploads them with their class ids. The server's global prototype of class c is the mean of the clients'
-class-c prototypes weighted by their class-c sample counts (``aggregation="samples"``, FedProto's Eq. 6
-weighting; the clients then also upload the counts, int32) or with equal weights per client
-(``aggregation="clients"``, HtFLlib's proto_aggregation). It replaces the previous round's: a class nobody
+uploads them with their class ids. The server's global prototype of class c is the equal-weight mean of the
+class-c prototypes of the clients that sent one (``aggregation="clients"``, the default: HtFLlib's
+proto_aggregation, and the FedL2G study runs its baselines with HtFLlib's defaults) or their mean weighted by
+the clients' class-c sample counts (``aggregation="samples"``, FedProto's Eq. 6; the clients then also upload
+the counts, int32). It replaces the previous round's: a class nobody
 sent this round has none. The server sends the global prototypes (rows and class ids) to the next round's
 clients. ``FedProto`` (fedproto.py) is the same scheme in the feature space.
 """
@@ -30,7 +31,7 @@ class FedDistill(HeteroMethod):
     name = "fed_distill"
     space: ClassVar[str] = "logit"
 
-    def __init__(self, lamda: float = 1.0, aggregation: str = "samples") -> None:
+    def __init__(self, lamda: float = 1.0, aggregation: str = "clients") -> None:
         super().__init__()
         if aggregation not in ("samples", "clients"):
             raise ValueError(f"aggregation must be 'samples' or 'clients', got {aggregation!r}")

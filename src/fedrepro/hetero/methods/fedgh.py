@@ -2,9 +2,10 @@
 prototype per class they hold (the mean body feature of their training samples, computed after training
 in eval mode); the server trains a shared global head on the received (prototype, class) pairs with SGD
 (``server_lr``, ``server_epochs`` epochs, batches of the clients' batch size, shuffled) and sends it to the
-clients, whose heads it overwrites at the start of their next round. The server head starts as client 0's
-initial head [code]. The FedL2G paper runs one server epoch per round (Sec. 4.4); HtFLlib's server_lr is
-0.01. Needs one head shape for the whole group (not HtM10).
+clients, whose heads it overwrites at the start of their next round; every client is evaluated with the
+global head (HtFLlib's send_parameters writes it into all clients' models before evaluating them [code]).
+The server head starts as client 0's initial head [code]. The FedL2G paper runs one server epoch per round
+(Sec. 4.4); HtFLlib's server_lr is 0.01. Needs one head shape for the whole group (not HtM10).
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ class FedGH(HeteroMethod):
 
     def receive(self, client: ClientRound, payload: dict[str, Any]) -> None:
         copy_head_in(client.model, payload["head"])
+
+    def prepare_evaluation(self, client: ClientRound) -> None:
+        copy_head_in(client.model, self.state["head"])
 
     def upload(self, client: ClientRound) -> dict[str, Any]:
         protos = client_prototypes(client, self.run.data.x_train, self.run.data.y_train, self.num_classes)

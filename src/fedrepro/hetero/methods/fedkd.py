@@ -11,8 +11,11 @@ total, sent as (U_r, s_r, V_r), or dense where the factors would be larger. The 
 ``energy_start`` in round 1 to ``energy_end`` (HtFLlib T_start 0.95, T_end 0.98). Clients upload their
 compressed auxiliary parameters; the server averages the recovered ones with equal weights, compresses the
 average and sends it (round 1: the initial auxiliary model, dense). Auxiliary model: as FML (fml.py).
-(HtFLlib SVDs 4-d conv weights slice by slice over the kernel dimensions; here each is one matrix, as the
-FedKD paper compresses weight matrices.)
+(HtFLlib SVDs 4-d conv weights slice by slice over the kernel dimensions, one rank for all slices; here each
+is one matrix, as the FedKD paper compresses weight matrices. HtFLlib also never sends a matrix dense, even
+where its factors are larger, and its rank search stops one short of full rank, so a tensor whose energy
+needs every singular value (a flat spectrum; any 1x1 conv) is sent as zero-rank factors and recovered as
+zeros; here it goes dense: documented deviation D-fedl2g-fedkd-svd.)
 """
 
 from __future__ import annotations

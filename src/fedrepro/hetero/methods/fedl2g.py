@@ -17,10 +17,16 @@ never trains on them; the rest is its study set. In round t (Algorithm 1):
      gradient's norm at 100 [code] and steps G <- G - eta_s pi (eta_s = 0.1 for -l, 100 for -f).
 During warm-up (t <= T', T' = 50 in the paper) step 2 is skipped: client models do not change, only G
 learns (steps 1, 3-7). The pseudo step never changes the client's model (nor its BatchNorm statistics).
+Models in train mode with dropout (GoogLeNet, MobileNetV2 in the HtFE groups): the study batch's forward
+passes of steps 3 and 4 (the pseudo step's gradient and the JVP) replay one dropout mask, the one the exact
+gradient through theta'(G) differentiates (the reference code's single pass in ``higher``); the quiz pass
+draws its own, as there.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -42,6 +48,16 @@ def _sub(tensors: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
     return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
 
 
+@contextmanager
+def replayed_dropout(seed: int, device: torch.device) -> Iterator[None]:
+    """Random draws (dropout masks) inside start from the generator state ``seed``, so two forward passes of
+    the same shapes, each in its own ``replayed_dropout(seed)``, drop the same units; the global generator
+    afterwards is as it was before (torch.random.fork_rng)."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield
+
+
 def _forward(model: SplitModel, params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor):
     """(features, logits) of ``model`` at ``params``. Buffers are cloned here, inside the transform, so a
     train-mode BatchNorm updates copies, never the client's statistics."""
@@ -52,16 +68,20 @@ def _forward(model: SplitModel, params: dict[str, Tensor], buffers: dict[str, Te
 
 
 def feedback_gradient(model: SplitModel, params: dict[str, Tensor], buffers: dict[str, Tensor], guide: Tensor,
-                      xs: Tensor, ys: Tensor, xq: Tensor, yq: Tensor, lr: float, space: str) -> Tensor:
+                      xs: Tensor, ys: Tensor, xq: Tensor, yq: Tensor, lr: float, space: str,
+                      mask_seed: int = 0) -> Tensor:
     """pi = d CE(f(x_q; theta'(G)), y_q) / d G, [C, M], by Eq. 9 (first order, no Hessian, no ``higher``).
 
     ``params``: the client's parameters theta by name (detached); (xs, ys): the study batch of the pseudo
-    step; (xq, yq): the quiz batch; ``space``: "logit" (z = logits) or "feature" (z = body features).
+    step; (xq, yq): the quiz batch; ``space``: "logit" (z = logits) or "feature" (z = body features);
+    ``mask_seed``: the study batch's dropout mask, ``replayed_dropout(mask_seed)`` in both of its passes (the
+    quiz pass draws from the global generator).
     """
     index = 0 if space == "feature" else 1
 
     def study_loss(p: dict[str, Tensor]) -> Tensor:
-        out = _forward(model, p, buffers, xs)
+        with replayed_dropout(mask_seed, xs.device):
+            out = _forward(model, p, buffers, xs)
         return F.cross_entropy(out[1], ys) + F.mse_loss(out[index], guide[ys])
 
     def quiz_loss(p: dict[str, Tensor]) -> Tensor:
@@ -76,12 +96,14 @@ def feedback_gradient(model: SplitModel, params: dict[str, Tensor], buffers: dic
         bufs = _sub(buffers, "body.")
 
         def z_fn(p: dict[str, Tensor]) -> Tensor:
-            return functional_call(model.body, {**p, **{k: v.clone() for k, v in bufs.items()}}, (xs,))
+            with replayed_dropout(mask_seed, xs.device):
+                return functional_call(model.body, {**p, **{k: v.clone() for k, v in bufs.items()}}, (xs,))
     else:
         primal, tangent = params, g_q
 
         def z_fn(p: dict[str, Tensor]) -> Tensor:
-            return _forward(model, p, buffers, xs)[1]
+            with replayed_dropout(mask_seed, xs.device):
+                return _forward(model, p, buffers, xs)[1]
     _, dz = jvp(z_fn, (primal,), (tangent,))  # J_z(x_b; theta) g_q for every study sample b: [B, M]
     pi = torch.zeros_like(guide)
     pi.index_add_(0, ys, dz)
@@ -142,9 +164,12 @@ class FedL2GLogit(HeteroMethod):
         params = {k: v.detach() for k, v in client.model.named_parameters()}
         buffers = {k: v.detach() for k, v in client.model.named_buffers()}
         x, y = run.data.x_train, run.data.y_train
+        mask_seed = seeding.derive_seed(run.seed, META, client.round, client.cid, 1)
         pi = feedback_gradient(client.model, params, buffers, client.extras["guide"], x[batch], y[batch],
-                               x[quiz], y[quiz], run.cfg.lr, self.space)
-        rows = pi.abs().sum(1) > 0  # only the non-zero rows travel (classes of the study batch)
+                               x[quiz], y[quiz], run.cfg.lr, self.space, mask_seed)
+        # only the non-zero rows travel (classes of the study batch), as the reference code sends them; the
+        # paper's Table 3 lists FedDistill's upload for FedL2G instead (deviation D-fedl2g-upload-mb)
+        rows = pi.abs().sum(1) > 0
         return {"classes": rows.nonzero().squeeze(1).to(torch.int32), "rows": pi[rows]}
 
     # ----- server

@@ -3,10 +3,11 @@
 
 Local objective: CE(f(x), y) + lamda * MSE(t, h(x)), t = the global prototype of y where the server has one
 (else the sample's own detached features: zero loss; the mean still runs over the whole batch, as HtFLlib's).
-Server: the class-count-weighted mean of the clients' class prototypes (``aggregation="samples"``, FedProto's
-Eq. 6) or the equal-weight one (``"clients"``, HtFLlib's). Inference (``inference="prototype"``, FedProto's and
-HtFLlib's): the class of the nearest global prototype (squared distance; classes without one are never
-predicted); before the first global prototypes exist, the head's argmax. ``inference="head"``: the head.
+Server: the equal-weight mean of the clients' class prototypes (``aggregation="clients"``, the default:
+HtFLlib's) or the class-count-weighted one (``"samples"``, FedProto's Eq. 6). Inference
+(``inference="prototype"``, FedProto's and HtFLlib's): the class of the nearest global prototype (squared
+distance; classes without one are never predicted); before the first global prototypes exist, the head's
+argmax. ``inference="head"``: the head.
 HtFLlib's FedL2G-era scripts run lamda = 10.
 """
 
@@ -24,7 +25,7 @@ class FedProto(FedDistill):
     name = "fedproto"
     space = "feature"
 
-    def __init__(self, lamda: float = 10.0, aggregation: str = "samples", inference: str = "prototype") -> None:
+    def __init__(self, lamda: float = 10.0, aggregation: str = "clients", inference: str = "prototype") -> None:
         super().__init__(lamda, aggregation)
         if inference not in ("prototype", "head"):
             raise ValueError(f"inference must be 'prototype' or 'head', got {inference!r}")

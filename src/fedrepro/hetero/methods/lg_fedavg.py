@@ -1,9 +1,11 @@
 """LG-FedAvg (Liang et al., 2020) as HtFLlib runs it for FedL2G: clients train their whole model with CE,
 upload their classifier head, and the server averages the heads weighted by the clients' training-set
 sizes; bodies are never shared. The averaged head overwrites the head of every client the server next
-samples (HtFLlib sends it to all clients after aggregation; with full participation, the paper's default,
-that is the same). Round 1 starts from the clients' own heads. Needs one head shape for the whole group
-(not HtM10).
+samples, and every client is evaluated with it: HtFLlib's send_parameters writes the global head into all
+clients' models and only then evaluates them, so a client's locally trained head is never what is scored
+(not even under full participation: the average differs from each client's own). The server head starts as
+client 0's initial head, so round 1's clients train from it as well [code]. Needs one head shape for the whole
+group (not HtM10).
 """
 
 from __future__ import annotations
@@ -25,14 +27,16 @@ class LGFedAvg(HeteroMethod):
 
     def setup(self, run: HeteroRun) -> None:
         super().setup(run)
-        self.state = {"head": None}
+        self.state = {"head": {k: v.clone().to(self.device) for k, v in run.client_params(0, "head.").items()}}
 
     def broadcast(self, cid: int, rnd: int) -> dict[str, Any]:
-        return {} if self.state["head"] is None else {"head": self.state["head"]}
+        return {"head": self.state["head"]}
 
     def receive(self, client: ClientRound, payload: dict[str, Any]) -> None:
-        if "head" in payload:
-            copy_head_in(client.model, payload["head"])
+        copy_head_in(client.model, payload["head"])
+
+    def prepare_evaluation(self, client: ClientRound) -> None:
+        copy_head_in(client.model, self.state["head"])
 
     def upload(self, client: ClientRound) -> dict[str, Any]:
         return {"head": head_of(client.model)}
