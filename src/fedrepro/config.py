@@ -227,10 +227,12 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         for row in table["rows"]:
             for s in row.get("not_applicable", []):
                 known(f"tables.{t}.rows.not_applicable", s, study["settings"], "setting")
+            for s in row.get("setting_methods", {}):
+                known(f"tables.{t}.rows.setting_methods", s, study["settings"], "setting")
             for col in table["columns"]:
                 if col["setting"] in row.get("not_applicable", []):
                     continue
-                method = row["method"] + col.get("method_suffix", "")
+                method = table_cell_method(row, col)
                 if (col["setting"], method) not in runs:
                     fail(f"tables.{t}", f"cell ({method}, {col['setting']}) names a run the grid "
                          "does not produce; add it to `grid` or remove it from the table")
@@ -276,6 +278,15 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         for s, m in sorted(needed):
             if (s, m) not in runs:
                 fail(f"figures.{f}", f"({m}, {s}) is not a run of the grid")
+
+
+def table_cell_method(row: dict, column: dict) -> str:
+    """The method of a table cell: the row's (or, on a setting its ``setting_methods`` names, that one), with
+    the column's ``method_suffix`` (e.g. "-disco") appended, so a "without / with Disco" pair of columns needs
+    no duplicated rows, and a paper row that names different runs per data set (FedDisco's Table 1 row is
+    SCAFFOLD + Disco on Fashion-MNIST, FedDyn + Disco elsewhere) stays one row."""
+    method = row.get("setting_methods", {}).get(column["setting"], row["method"])
+    return method + column.get("method_suffix", "")
 
 
 def column_refs(column: dict) -> set[str]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from fedrepro.config import table_cell_method
 from fedrepro.report.collect import write_csv_atomic, write_text_atomic
 from fedrepro.report.derived import lower_is_better, metric_key
 from fedrepro.report.published import lookup
@@ -110,10 +111,7 @@ def _signed(x: float) -> str:
     return _num(x, "+")
 
 
-def cell_method(row: dict, column: dict) -> str:
-    """The method of a cell: the row's, with the column's ``method_suffix`` (e.g. "-disco") appended, so
-    a "without / with Disco" pair of columns needs no duplicated rows."""
-    return row["method"] + column.get("method_suffix", "")
+cell_method = table_cell_method  # the method of a cell (see fedrepro.config.table_cell_method)
 
 
 def paper_key(spec: dict, row: dict, column: dict) -> tuple[str, str] | None:
