@@ -53,3 +53,42 @@ def test_every_table_cell_names_a_grid_run(study):
         for r in spec["rows"]:
             for c in spec["columns"]:
                 assert (c["setting"], table_cell_method(r, c)) in runs, name
+
+
+def test_table12_applies_disco_to_fedavg(study):
+    got = cells(study, "table12")
+    assert {m for (row, _), m in got.items()} == {"fedavg", "fedavg-disco"}
+    assert study["tables"]["table12"]["claims"][0]["better"] == "fedavg-disco"
+
+
+def test_stragglers_run_on_cifar10_niid2_and_show_the_two_published_numbers(study, tmp_path):
+    import pandas as pd
+
+    from fedrepro.report.published import load_published
+    from fedrepro.report.tables import render_table
+
+    setting = study["settings"]["c10-stragglers"]
+    assert setting["dataset"] == "cifar10" and setting["partition"]["kind"] == "niid2"
+    assert setting["partition"] == study["settings"]["c10-niid2"]["partition"]
+    assert setting["training"]["straggler_steps"] == [50, 500]
+    spec = dict(study["tables"]["stragglers"], name="stragglers")
+    spec["rows"] = [{"label": r["method"], "paper": None, **r} for r in spec["rows"]]
+    spec["columns"] = [{"paper": None, **c} for c in spec["columns"]]
+    summary = pd.DataFrame([dict(setting="c10-stragglers", method=m, seed=0, status="complete",
+                                 diverged_round=None, best_acc=50.0) for m in
+                            ("fedavg", "fedavg-disco", "fednova", "fednova-disco")])
+    published = load_published(REPO / "config" / "paper" / "feddisco.csv")
+    tidy = render_table(spec, summary, published, tmp_path / "s", "paper").set_index(["method"])
+    assert tidy.loc["fedavg", "paper_mean"] == pytest.approx(60.21)
+    assert tidy.loc["fedavg-disco", "paper_mean"] == pytest.approx(63.20)
+    assert tidy.loc[["fednova", "fednova-disco"], "paper_mean"].isna().all()
+
+
+def test_fig5a_has_fedavg_and_feddyn_series_over_every_rho(study):
+    fig = study["figures"]["fig5a"]
+    runs = set(grid_runs(study))
+    assert [(s["baseline"], s["method"]) for s in fig["series"]] == [("fedavg", "fedavg-disco"),
+                                                                     ("feddyn", "feddyn-disco")]
+    for p in fig["points"]:
+        for s in fig["series"]:
+            assert {(p["setting"], s["baseline"]), (p["setting"], s["method"])} <= runs
