@@ -116,3 +116,26 @@ def test_setting_methods_put_another_run_in_a_rows_cells_and_beside_its_publishe
     assert cells.loc["fmnist", "ours_mean"] == pytest.approx(89.0)
     assert cells.loc["fmnist", "paper_mean"] == pytest.approx(89.74)
     assert cells.loc["c10", "ours_mean"] == pytest.approx(72.0)
+
+
+def test_table10_sd_column_is_the_spread_over_a_runs_last_k_rounds_beside_the_papers_pm(tmp_path):
+    from fedrepro.report.derived import add_derived, last_k_sd
+
+    # two seeds: seed 0 alternates 50/54 over its last 3 rounds, seed 1 is flat at 60 (sd 0)
+    curves = {0: [40, 50, 54, 50], 1: [30, 60, 60, 60]}
+    runs = pd.DataFrame([dict(study="s", setting="p", method="fedavg", seed=k, round=r + 1, test_acc=a)
+                         for k, accs in curves.items() for r, a in enumerate(accs)])
+    assert last_k_sd(runs[runs["seed"] == 0], 3) == pytest.approx(pd.Series([50, 54, 50]).std())
+    data = summary([("p", "fedavg", 0, 54.0), ("p", "fedavg", 1, 60.0)])
+    spec = {"name": "t10", "caption": "", "paper_table": "Table 10", "metric": "last_k_acc",
+            "rows": [{"method": "fedavg", "label": "FedAvg", "paper": "FedAvg"}],
+            "columns": [{"setting": "p", "label": "acc", "paper": "Mean ± std (%) | Without Disco"},
+                        {"setting": "p", "label": "sd", "metric": "last_k_sd_acc", "paper_value": "std",
+                         "paper": "Mean ± std (%) | Without Disco"}]}
+    derived = add_derived(spec, data, runs)
+    published = load_published(REPO / "config" / "paper" / "feddisco.csv")
+    cells = render_table(spec, derived, published, tmp_path / "t10", "paper").set_index("column")
+    seed0 = pd.Series([50, 54, 50]).std()
+    assert cells.loc["sd", "ours_mean"] == pytest.approx(seed0 / 2)  # mean over seeds of the per-run sd
+    assert cells.loc["sd", "paper_mean"] == pytest.approx(3.44) and pd.isna(cells.loc["sd", "paper_std"])
+    assert cells.loc["acc", "paper_mean"] == pytest.approx(54.27)  # the mean column keeps the published mean

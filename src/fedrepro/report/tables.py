@@ -20,6 +20,7 @@ METRICS = {
     "best_acc": "best test accuracy over rounds",
     "last_k_acc": "mean test accuracy over the last {k} evaluations",
     "last_k_max_acc": "maximum test accuracy over the last {k} evaluations",
+    "last_k_sd_acc": "sd of test accuracy over the last {k} evaluations of a run",
     "target_acc": "target-domain test accuracy after fine-tuning the pre-trained model",
     "best_target_acc": "best target-domain test accuracy over the fine-tuning epochs",
 }
@@ -154,6 +155,9 @@ def _build_cells(spec: dict, summary: pd.DataFrame, published: pd.DataFrame | No
             key = paper_key(spec, r, c) if table and published is not None else None
             if key:
                 cell.paper = lookup(published, table, *key)
+                if cell.paper is not None and c.get("paper_value") == "std":
+                    # the column holds the published cell's ± (e.g. Table 10's sd over rounds), not its mean
+                    cell.paper = None if cell.paper[1] is None else (cell.paper[1], None)
                 if cell.paper is None:
                     # Probably a typo in the study file; the table still renders without the number.
                     warnings.warn(f"table {spec['name']}: no published cell ({table!r}, {key[0]!r}, {key[1]!r})",
