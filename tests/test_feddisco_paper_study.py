@@ -92,3 +92,23 @@ def test_fig5a_has_fedavg_and_feddyn_series_over_every_rho(study):
     for p in fig["points"]:
         for s in fig["series"]:
             assert {(p["setting"], s["baseline"]), (p["setting"], s["method"])} <= runs
+
+
+def test_femnist_in_text_result_is_a_table_over_leaf_writers(study, tmp_path):
+    import pandas as pd
+
+    from fedrepro.data.registry import DATASETS
+    from fedrepro.report.published import load_published
+    from fedrepro.report.tables import render_table
+
+    setting = study["settings"]["femnist-writers"]
+    assert setting["dataset"] == "femnist" and "femnist" in DATASETS and setting["partition"]["kind"] == "writer"
+    spec = dict(study["tables"]["femnist"], name="femnist")
+    spec["rows"] = [{"paper": None, **r} for r in spec["rows"]]
+    spec["columns"] = [{"paper": None, **c} for c in spec["columns"]]
+    summary = pd.DataFrame([dict(setting="femnist-writers", method=m, seed=0, status="complete",
+                                 diverged_round=None, best_acc=70.0) for m in ("fedavg", "fedavg-disco")])
+    published = load_published(REPO / "config" / "paper" / "feddisco.csv")
+    tidy = render_table(spec, summary, published, tmp_path / "f", "paper").set_index("method")
+    assert tidy.loc["fedavg", "paper_mean"] == pytest.approx(76.40)
+    assert tidy.loc["fedavg-disco", "paper_mean"] == pytest.approx(78.36)
