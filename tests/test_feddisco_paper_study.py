@@ -50,6 +50,8 @@ def test_a_setting_method_the_grid_does_not_run_is_refused(raw):
 def test_every_table_cell_names_a_grid_run(study):
     runs = set(grid_runs(study))
     for name, spec in study["tables"].items():
+        if spec["source"] == "simulation":
+            continue  # Table 6: computed, no runs
         for r in spec["rows"]:
             for c in spec["columns"]:
                 assert (c["setting"], table_cell_method(r, c)) in runs, name
@@ -112,3 +114,29 @@ def test_femnist_in_text_result_is_a_table_over_leaf_writers(study, tmp_path):
     tidy = render_table(spec, summary, published, tmp_path / "f", "paper").set_index("method")
     assert tidy.loc["fedavg", "paper_mean"] == pytest.approx(76.40)
     assert tidy.loc["fedavg-disco", "paper_mean"] == pytest.approx(78.36)
+
+
+def test_table6_simulation_lowers_both_forms_of_the_bound_and_renders_beside_the_paper(study, tmp_path):
+    import numpy as np
+
+    from fedrepro.report.bound_simulation import CONSTANTS, bound_terms, clients_of, project_to_simplex, simulate
+    from fedrepro.report.published import load_published
+    from fedrepro.report.tables import render_table
+
+    p = project_to_simplex(np.array([0.7, 0.6, -0.2]))
+    assert p.sum() == pytest.approx(1.0) and (p >= 0).all() and p[2] == 0
+    sim = simulate()
+    forms = sim.pivot(index="method", columns="setting", values="bound")[[f"step{k}" for k in range(0, 401, 100)]]
+    for form in ("reformulated", "original"):
+        assert (np.diff(forms.loc[form].to_numpy()) < 0).all(), form  # both fall step after step
+    n, d = clients_of(CONSTANTS)
+    assert forms.loc["original", "step0"] == pytest.approx(bound_terms(n, n, d, CONSTANTS)[1])  # from p = n
+    spec = dict(study["tables"]["table6"], name="table6")
+    spec["rows"] = [{"paper": None, **r} for r in spec["rows"]]
+    spec["columns"] = [{"paper": None, **c} for c in spec["columns"]]
+    published = load_published(REPO / "config" / "paper" / "feddisco.csv")
+    tidy = render_table(spec, sim, published, tmp_path / "t6", "paper").set_index(["method", "setting"])
+    assert len(tidy) == 10 and tidy["ours_mean"].notna().all()
+    assert tidy.loc[("reformulated", "step0"), "paper_mean"] == pytest.approx(0.0684)
+    assert tidy.loc[("original", "step400"), "paper_mean"] == pytest.approx(0.0502)
+    assert "(%)" not in (tmp_path / "t6.md").read_text()

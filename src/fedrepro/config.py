@@ -218,6 +218,12 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
                 fail(f"settings.{s} / methods.{m}: training.{key}",
                      f"must be {value!r} in a `federation: {kind}` study ({why}), got {training[key]!r}")
     for t, table in study["tables"].items():
+        if table["source"] == "simulation":
+            if table["metric"] != "bound":
+                fail(f"tables.{t}.metric", "a `source: simulation` table shows the metric 'bound'")
+            continue  # no runs behind its cells
+        if table["metric"] == "bound":
+            fail(f"tables.{t}.metric", "the metric 'bound' exists only in a `source: simulation` table")
         from_finetune = table["source"] == "finetune"
         metrics = {table["metric"], *(c["metric"] for c in table["columns"] if "metric" in c)}
         wrong = sorted(m for m in metrics if m.startswith("target_") != from_finetune)

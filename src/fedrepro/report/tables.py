@@ -23,6 +23,7 @@ METRICS = {
     "last_k_sd_acc": "sd of test accuracy over the last {k} evaluations of a run",
     "target_acc": "target-domain test accuracy after fine-tuning the pre-trained model",
     "best_target_acc": "best target-domain test accuracy over the fine-tuning epochs",
+    "bound": "value of the convergence bound (numerical simulation, no training)",
 }
 EMBEDDED_NOTE = (
     "These runs use the small embedded data sets, models and round budgets, while the published numbers "
@@ -185,7 +186,8 @@ def _describe(spec: dict, summary: pd.DataFrame, grid: list[list[_Cell]]) -> str
     seeds = "" if not ns else (f"{ns[0]}" if len(ns) == 1 else f"{ns[0]}–{ns[-1]}")
     plural = "seed" if ns == [1] else "seeds"
     over = f", mean ± std over {seeds} {plural} (sample std)" if ns else ""
-    return f"Cells: {what} (%){over}."
+    unit = "" if metric == "bound" else " (%)"
+    return f"Cells: {what}{unit}{over}."
 
 
 def _footnotes(grid: list[list[_Cell]]) -> list[str]:
