@@ -140,3 +140,7 @@ def test_table6_simulation_lowers_both_forms_of_the_bound_and_renders_beside_the
     assert tidy.loc[("reformulated", "step0"), "paper_mean"] == pytest.approx(0.0684)
     assert tidy.loc[("original", "step400"), "paper_mean"] == pytest.approx(0.0502)
     assert "(%)" not in (tmp_path / "t6.md").read_text()
+
+
+def test_description_states_the_true_train_job_count(study):
+    assert f"{len(grid_runs(study))} train jobs" in study["description"]
