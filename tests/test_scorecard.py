@@ -145,10 +145,11 @@ def test_embedded_scorecard_compares_rankings_only_paper_scale_shows_distances(t
 def _table_specs(study: dict):
     """The tables as the workflow fills them in (common.smk table_spec: labels from methods/settings)."""
     for name, t in study["tables"].items():
-        rows = [{"label": study["methods"][r["method"]].get("label", r["method"]), "paper": None, **r}
-                for r in t["rows"]]
-        cols = [{"label": study["settings"][c["setting"]].get("label", c["setting"]), "paper": None, **c}
-                for c in t["columns"]]
+        # a simulated table (FedDisco Table 6) labels its own rows and columns
+        rows = [{"label": r["label"] if "label" in r else study["methods"][r["method"]].get("label", r["method"]),
+                 "paper": None, **r} for r in t["rows"]]
+        cols = [{"label": c["label"] if "label" in c else study["settings"][c["setting"]].get("label", c["setting"]),
+                 "paper": None, **c} for c in t["columns"]]
         yield {**t, "name": name, "rows": rows, "columns": cols}
 
 

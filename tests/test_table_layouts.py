@@ -97,3 +97,45 @@ def test_small_measured_costs_keep_three_significant_digits():
     assert _pm(0.001234, 0.0002, " ± ") == "0.00123 ± 0.00020"
     assert _pm(85.456, 0.3, " ± ") == "85.46 ± 0.30" and _pm(0.0, None, " ± ") == "0.00"
     assert _signed(-0.0004567) == "-0.000457" and _signed(3.14159) == "+3.14"
+
+
+def test_setting_methods_put_another_run_in_a_rows_cells_and_beside_its_published_number(tmp_path):
+    # FedDisco's Table 1 row is FedDyn + Disco, but SCAFFOLD + Disco on Fashion-MNIST (89.74 there)
+    row = {"method": "feddyn-disco", "label": "FedDisco", "paper": "FedDisco",
+           "setting_methods": {"fmnist-niid1": "scaffold-disco"}}
+    spec = {"name": "t1", "caption": "", "paper_table": "Table 1", "metric": "best_acc", "rows": [row],
+            "columns": [{"setting": "c10-niid1", "label": "c10", "paper": "CIFAR-10 | NIID-1"},
+                        {"setting": "fmnist-niid1", "label": "fmnist", "paper": "Fashion-MNIST | NIID-1"},
+                        {"setting": "fmnist-niid1", "label": "fmnist w/o", "method_suffix": "-x"}]}
+    assert [cell_method(row, c) for c in spec["columns"]] == ["feddyn-disco", "scaffold-disco", "scaffold-disco-x"]
+    data = summary([("c10-niid1", "feddyn-disco", 0, 72.0), ("fmnist-niid1", "feddyn-disco", 0, 10.0),
+                    ("fmnist-niid1", "scaffold-disco", 0, 89.0)])
+    published = load_published(REPO / "config" / "paper" / "feddisco.csv")
+    cells = render_table(spec, data, published, tmp_path / "t1", "paper").set_index("column")
+    assert cells.loc["fmnist", "method"] == "scaffold-disco"
+    assert cells.loc["fmnist", "ours_mean"] == pytest.approx(89.0)
+    assert cells.loc["fmnist", "paper_mean"] == pytest.approx(89.74)
+    assert cells.loc["c10", "ours_mean"] == pytest.approx(72.0)
+
+
+def test_table10_sd_column_is_the_spread_over_a_runs_last_k_rounds_beside_the_papers_pm(tmp_path):
+    from fedrepro.report.derived import add_derived, last_k_sd
+
+    # two seeds: seed 0 alternates 50/54 over its last 3 rounds, seed 1 is flat at 60 (sd 0)
+    curves = {0: [40, 50, 54, 50], 1: [30, 60, 60, 60]}
+    runs = pd.DataFrame([dict(study="s", setting="p", method="fedavg", seed=k, round=r + 1, test_acc=a)
+                         for k, accs in curves.items() for r, a in enumerate(accs)])
+    assert last_k_sd(runs[runs["seed"] == 0], 3) == pytest.approx(pd.Series([50, 54, 50]).std())
+    data = summary([("p", "fedavg", 0, 54.0), ("p", "fedavg", 1, 60.0)])
+    spec = {"name": "t10", "caption": "", "paper_table": "Table 10", "metric": "last_k_acc",
+            "rows": [{"method": "fedavg", "label": "FedAvg", "paper": "FedAvg"}],
+            "columns": [{"setting": "p", "label": "acc", "paper": "Mean ± std (%) | Without Disco"},
+                        {"setting": "p", "label": "sd", "metric": "last_k_sd_acc", "paper_value": "std",
+                         "paper": "Mean ± std (%) | Without Disco"}]}
+    derived = add_derived(spec, data, runs)
+    published = load_published(REPO / "config" / "paper" / "feddisco.csv")
+    cells = render_table(spec, derived, published, tmp_path / "t10", "paper").set_index("column")
+    seed0 = pd.Series([50, 54, 50]).std()
+    assert cells.loc["sd", "ours_mean"] == pytest.approx(seed0 / 2)  # mean over seeds of the per-run sd
+    assert cells.loc["sd", "paper_mean"] == pytest.approx(3.44) and pd.isna(cells.loc["sd", "paper_std"])
+    assert cells.loc["acc", "paper_mean"] == pytest.approx(54.27)  # the mean column keeps the published mean

@@ -246,6 +246,12 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
                 fail(f"settings.{s} / methods.{m}: training.{key}",
                      f"must be {value!r} in a `federation: {kind}` study ({why}), got {training[key]!r}")
     for t, table in study["tables"].items():
+        if table["source"] == "simulation":
+            if table["metric"] != "bound":
+                fail(f"tables.{t}.metric", "a `source: simulation` table shows the metric 'bound'")
+            continue  # no runs behind its cells
+        if table["metric"] == "bound":
+            fail(f"tables.{t}.metric", "the metric 'bound' exists only in a `source: simulation` table")
         from_finetune = table["source"] == "finetune"
         metrics = {table["metric"], *(c["metric"] for c in table["columns"] if "metric" in c)}
         wrong = sorted(m for m in metrics if m.startswith("target_") != from_finetune)
@@ -255,10 +261,12 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         for row in table["rows"]:
             for s in row.get("not_applicable", []):
                 known(f"tables.{t}.rows.not_applicable", s, study["settings"], "setting")
+            for s in row.get("setting_methods", {}):
+                known(f"tables.{t}.rows.setting_methods", s, study["settings"], "setting")
             for col in table["columns"]:
                 if col["setting"] in row.get("not_applicable", []):
                     continue
-                method = row["method"] + col.get("method_suffix", "")
+                method = table_cell_method(row, col)
                 if (col["setting"], method) not in runs:
                     fail(f"tables.{t}", f"cell ({method}, {col['setting']}) names a run the grid "
                          "does not produce; add it to `grid` or remove it from the table")
@@ -318,6 +326,15 @@ def check_deviations(ids: list[str], key: str, fail) -> None:
         if deviation not in known_ids:
             fail(key, f"unknown deviation {deviation!r}{did_you_mean(deviation, known_ids)}: not a row of {PAGE}; "
                       f"known: {sorted(known_ids)}")
+
+
+def table_cell_method(row: dict, column: dict) -> str:
+    """The method of a table cell: the row's (or, on a setting its ``setting_methods`` names, that one), with
+    the column's ``method_suffix`` (e.g. "-disco") appended, so a "without / with Disco" pair of columns needs
+    no duplicated rows, and a paper row that names different runs per data set (FedDisco's Table 1 row is
+    SCAFFOLD + Disco on Fashion-MNIST, FedDyn + Disco elsewhere) stays one row."""
+    method = row.get("setting_methods", {}).get(column["setting"], row["method"])
+    return method + column.get("method_suffix", "")
 
 
 def column_refs(column: dict) -> set[str]:

@@ -112,9 +112,12 @@ def table_spec(study, name):
     return {
         **t,
         "name": name,
-        "rows": [{"label": label_of(s, "methods", r["method"]), "paper": None, **r} for r in t["rows"]],
+        # a simulated table's rows and columns are no study methods or settings: they carry their own labels
+        "rows": [{"label": r["label"] if "label" in r else label_of(s, "methods", r["method"]), "paper": None, **r}
+                 for r in t["rows"]],
         "columns": [
-            {"label": label_of(s, "settings", c["setting"]), "paper": None, **c} for c in t["columns"]
+            {"label": c["label"] if "label" in c else label_of(s, "settings", c["setting"]), "paper": None, **c}
+            for c in t["columns"]
         ],
     }
 
@@ -152,7 +155,15 @@ def finetune_indexes(study):
 def table_summary(wildcards):
     """What a table's cells read: the runs' summary.csv, or finetune.csv for `source: finetune`."""
     source = study_of(wildcards)["tables"][wildcards.table]["source"]
+    if source == "simulation":  # computed by the table job itself (FedDisco Table 6)
+        return []
     return f"{RES}/{wildcards.study}/{'finetune' if source == 'finetune' else 'summary'}.csv"
+
+
+def table_runs(wildcards):
+    """runs.csv, for the metrics derived from the curves; nothing for a simulated table."""
+    source = study_of(wildcards)["tables"][wildcards.table]["source"]
+    return [] if source == "simulation" else [f"{RES}/{wildcards.study}/runs.csv"]
 
 
 def figure_inputs(wildcards):

@@ -12,7 +12,7 @@ localrules:
 rule table:
     input:
         summary=table_summary,
-        runs=f"{RES}/{{study}}/runs.csv",
+        runs=table_runs,
         published=published_numbers,
     output:
         md=f"{RES}/{{study}}/tables/{{table}}.md",

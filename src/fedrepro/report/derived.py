@@ -1,7 +1,8 @@
 """Per-run numbers a table needs beyond summary.json, derived from the evaluation rows in runs.csv:
 rounds to reach a target accuracy (FedDisco Tables 3/10), a metric at a given round (Table 12), a per-round
 cost averaged over the run, optionally rescaled (FedL2G Table 3: MB up/down, client/server seconds per round),
-and the maximum over the last k evaluations (Feddle's reported number)."""
+the maximum over the last k evaluations (Feddle's reported number) and the sd over the last k evaluations
+(FedDisco Table 10's ±, a spread over rounds within one run, not over seeds)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from fedrepro.report.collect import KEYS
 
 # per-run columns of summary.csv, and of finetune.csv for the fine-tuning tables (source: finetune)
 SUMMARY_METRICS = ("final_acc", "best_acc", "last_k_acc", "target_acc", "best_target_acc")
-LOWER_IS_BETTER = ("rounds_to_", "client_acc_var", "round_bytes_", "client_seconds", "server_seconds",
-                   "server_gflops", "cache_mb")
+LOWER_IS_BETTER = ("rounds_to_", "client_acc_var", "last_k_sd_acc", "bound", "round_bytes_", "client_seconds",
+                   "server_seconds", "server_gflops", "cache_mb")
 LAST_K_MAX = "last_k_max_acc"
+LAST_K_SD = "last_k_sd_acc"
+BOUND = "bound"  # FedDisco Table 6's simulated bound, a column of the simulation's own frame
 
 
 def metric_key(spec: dict, column: dict) -> str:
@@ -25,7 +28,7 @@ def metric_key(spec: dict, column: dict) -> str:
         if spec.get("target_acc") is None:
             raise ValueError(f"table {spec['name']}: metric rounds_to_acc needs the table's target_acc")
         return f"rounds_to_{spec['target_acc']:g}"
-    if metric in SUMMARY_METRICS or metric == LAST_K_MAX:
+    if metric in SUMMARY_METRICS or metric in (LAST_K_MAX, LAST_K_SD, BOUND):
         return metric
     if column.get("reduce") == "mean":
         scale = column.get("scale", 1)
@@ -56,6 +59,13 @@ def last_k_max(curve: pd.DataFrame, k: int) -> float:
     return float(curve.sort_values("round")["test_acc"].iloc[-int(k):].max())
 
 
+def last_k_sd(curve: pd.DataFrame, k: int) -> float:
+    """The sample sd (n-1) of test accuracy over the last ``k`` evaluations of a run: how much it still moves
+    between rounds (FedDisco Table 10). NaN with fewer than two evaluations."""
+    last = curve.sort_values("round")["test_acc"].iloc[-int(k):]
+    return float(last.std(ddof=1)) if len(last) > 1 else math.nan
+
+
 def add_derived(spec: dict, summary: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """``summary`` with one more column for every derived metric the table's columns name."""
     keys = {metric_key(spec, c): c for c in spec["columns"]}
@@ -72,6 +82,8 @@ def add_derived(spec: dict, summary: pd.DataFrame, runs: pd.DataFrame) -> pd.Dat
                 values.append(math.nan)
             elif key == LAST_K_MAX:
                 values.append(last_k_max(curve, last_k))
+            elif key == LAST_K_SD:
+                values.append(last_k_sd(curve, last_k))
             elif key.startswith("rounds_to_"):
                 values.append(rounds_to(curve, spec["target_acc"]))
             else:

@@ -38,6 +38,7 @@ SUMMARIES = {
     "target_acc": "final (after fine-tuning)",
     "best_target_acc": "best (over fine-tuning epochs)",
     "last_k_max_acc": "max of last k",
+    "last_k_sd_acc": "sd over the last k rounds",
 }
 HAVE_VALUE = ("ok", "partial")
 RANK_MIN_ROWS = 3  # Kendall's tau over fewer rows says little

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from fedrepro.config import table_cell_method
 from fedrepro.report.collect import write_csv_atomic, write_text_atomic
 from fedrepro.report.derived import lower_is_better, metric_key
 from fedrepro.report.deviations import deviation_href, deviations_sentence
@@ -20,8 +21,10 @@ METRICS = {
     "best_acc": "best test accuracy over rounds",
     "last_k_acc": "mean test accuracy over the last {k} evaluations",
     "last_k_max_acc": "maximum test accuracy over the last {k} evaluations",
+    "last_k_sd_acc": "sd of test accuracy over the last {k} evaluations of a run",
     "target_acc": "target-domain test accuracy after fine-tuning the pre-trained model",
     "best_target_acc": "best target-domain test accuracy over the fine-tuning epochs",
+    "bound": "value of the convergence bound (numerical simulation, no training)",
 }
 EMBEDDED_NOTE = (
     "These runs use the small embedded data sets, models and round budgets, while the published numbers "
@@ -111,10 +114,7 @@ def _signed(x: float) -> str:
     return _num(x, "+")
 
 
-def cell_method(row: dict, column: dict) -> str:
-    """The method of a cell: the row's, with the column's ``method_suffix`` (e.g. "-disco") appended, so
-    a "without / with Disco" pair of columns needs no duplicated rows."""
-    return row["method"] + column.get("method_suffix", "")
+cell_method = table_cell_method  # the method of a cell (see fedrepro.config.table_cell_method)
 
 
 def paper_key(spec: dict, row: dict, column: dict) -> tuple[str, str] | None:
@@ -157,6 +157,9 @@ def _build_cells(spec: dict, summary: pd.DataFrame, published: pd.DataFrame | No
             key = paper_key(spec, r, c) if table and published is not None else None
             if key:
                 cell.paper = lookup(published, table, *key)
+                if cell.paper is not None and c.get("paper_value") == "std":
+                    # the column holds the published cell's ± (e.g. Table 10's sd over rounds), not its mean
+                    cell.paper = None if cell.paper[1] is None else (cell.paper[1], None)
                 if cell.paper is None:
                     # Probably a typo in the study file; the table still renders without the number.
                     warnings.warn(f"table {spec['name']}: no published cell ({table!r}, {key[0]!r}, {key[1]!r})",
@@ -184,7 +187,8 @@ def _describe(spec: dict, summary: pd.DataFrame, grid: list[list[_Cell]]) -> str
     seeds = "" if not ns else (f"{ns[0]}" if len(ns) == 1 else f"{ns[0]}–{ns[-1]}")
     plural = "seed" if ns == [1] else "seeds"
     over = f", mean ± std over {seeds} {plural} (sample std)" if ns else ""
-    return f"Cells: {what} (%){over}."
+    unit = "" if metric == "bound" else " (%)"
+    return f"Cells: {what}{unit}{over}."
 
 
 def _footnotes(grid: list[list[_Cell]]) -> list[str]:
