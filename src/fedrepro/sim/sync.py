@@ -233,7 +233,7 @@ class FederatedRun:
             diverged = (not math.isfinite(train_loss) or train_loss > DIVERGED_LOSS
                         or not bool(torch.isfinite(w).all()))
             if diverged or rnd % cfg.eval_every == 0 or rnd == cfg.rounds:
-                self.flat.load(w)
+                self.flat.load(self.alg.evaluated_model(w))
                 acc, test_loss, result.per_class_acc = evaluate(
                     self.model, self.data.x_test, self.data.y_test, self.data.num_classes)
                 result.history.append(
@@ -247,7 +247,7 @@ class FederatedRun:
                            cfg.checkpoint_every, partial(self.snapshot, rnd, w, result, bytes_up, bytes_down, seconds),
                            self.log):
                 break
-        self.flat.load(w)
+        self.flat.load(self.alg.evaluated_model(w))  # the reported model, also for what follows (fine-tuning)
         if result.per_class_acc is None:  # resumed from a finished checkpoint
             result.per_class_acc = evaluate(self.model, self.data.x_test, self.data.y_test, self.data.num_classes)[2]
         return result
