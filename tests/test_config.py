@@ -61,6 +61,9 @@ def test_setting_and_method_overrides_win_over_defaults(config):
          r"methods.fedprox.hparams: fedprox has no hyper-parameter 'nu' \(did you mean 'mu'\?\)"),
         (lambda c: study(c)["methods"]["feddyn"]["hparams"].update(evaluate="average"),
          r"methods.feddyn.hparams.evaluate: 'average' is not one of \['server', 'client_mean'\]"),
+        (lambda c: study(c)["methods"]["fedavg-disco"]["weighting"].update(target="global"),
+         r"methods.fedavg-disco.weighting.target: 'global' was renamed 'test': T is the test set's class "
+         r"distribution, as in the official FedDisco code"),
         (lambda c: study(c)["settings"]["niid1"]["partition"].update(kind="dirichlett"),
          r"partition.kind: 'dirichlett' is not one of .* \(did you mean 'dirichlet'\?\)"),
         (lambda c: study(c)["settings"]["niid1"]["partition"].pop("beta"), r"kind 'dirichlet' needs key 'beta'"),

@@ -66,6 +66,9 @@ def _describe(error: jsonschema.ValidationError, prefix: str) -> str:
         hints = [f"{key!r}{did_you_mean(key, allowed)}" for key in extra]
         return f"{where}: unknown key {', '.join(hints)}; allowed keys: {allowed}"
     if error.validator == "enum":
+        renamed = error.schema.get("renamed", {})  # an old value -> what replaced it and why
+        if isinstance(error.instance, str) and error.instance in renamed:
+            return f"{where}: {error.instance!r} was {renamed[error.instance]}"
         hint = did_you_mean(error.instance, error.validator_value)
         return f"{where}: {error.instance!r} is not one of {error.validator_value}{hint}"
     return f"{where}: {error.message}"

@@ -98,7 +98,8 @@ class FederatedRun:
         self.class_counts = np.stack(
             [np.bincount(labels[idx], minlength=data.num_classes) for idx in client_indices]
         )
-        self.weighting = make_weighting(weighting, self.class_counts)
+        test_counts = np.bincount(data.y_test.cpu().numpy(), minlength=data.num_classes)
+        self.weighting = make_weighting(weighting, self.class_counts, test_counts)
         # methods that need more than their hooks' arguments (e.g. FedIIR's per-round gradients on the
         # clients' data) reach the data and client index tensors through the simulation
         self.alg.sim = self
