@@ -30,6 +30,11 @@ def test_embedded_config_resolves_with_defaults(config):
     assert spec["weighting"] == {"kind": "size"}  # a schema default
     assert spec["training"]["join_ratio"] == 1.0  # a schema default
     assert spec["training"]["batch_size"] == 16  # the study's value (the schema default is 64)
+    assert spec["training"]["drop_last"] is True  # FedDisco's code drops the short last batch
+    assert run_spec(resolved["studies"]["fedl2g"], "dir", "fml")["training"]["drop_last"] is True  # HtFLlib's
+    fedgtst = resolved["studies"]["fedgtst"]
+    setting, method = grid_runs(fedgtst)[0]
+    assert run_spec(fedgtst, setting, method)["training"]["drop_last"] is False  # the schema default
     assert resolved["device"] == "auto" and resolved["train_resources"]["gpu"] == 0
 
 

@@ -19,7 +19,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 SCHEMAS = REPO / "workflow" / "schemas"
 TRAINING_KEYS = ("rounds", "local_epochs", "batch_size", "lr", "momentum", "weight_decay", "join_ratio",
-                 "eval_every", "last_k", "checkpoint_every", "straggler_steps")
+                 "eval_every", "last_k", "checkpoint_every", "straggler_steps", "drop_last")
 
 
 class ConfigError(ValueError):

@@ -17,6 +17,7 @@ from torch import nn
 from fedrepro import seeding
 from fedrepro.algorithms.base import Algorithm, Client
 from fedrepro.algorithms.weighting import make_weighting
+from fedrepro.sim.batches import epoch_batches
 from fedrepro.sim.checkpoint import close_round, load_checkpoint, module_buffers, restore_buffers, resume_progress
 from fedrepro.sim.flat import FlatModel
 from fedrepro.sim.tensors import DeviceData, evaluate
@@ -52,6 +53,7 @@ class TrainingConfig:
     last_k: int = 5
     checkpoint_every: int = 10
     straggler_steps: list[int] | None = None  # [lo, hi]: local iterations drawn per client and round
+    drop_last: bool = False  # drop each epoch's short last batch (sim/batches.py)
 
 
 @dataclass
@@ -156,9 +158,10 @@ class FederatedRun:
         return upload, loss_sum, seen
 
     def local_batches(self, idx: torch.Tensor, gen: torch.Generator, rnd: int, cid: int):
-        """Index batches of one client's local training: ``local_epochs`` reshuffled passes, or, with
-        ``straggler_steps = [lo, hi]``, a number of iterations drawn uniformly per client and round
-        (FedDisco's device-heterogeneity setting), cycling through reshuffled passes."""
+        """Index batches of one client's local training: ``local_epochs`` reshuffled passes (each without
+        its short last batch with ``drop_last``; sim/batches.py), or, with ``straggler_steps = [lo, hi]``, a
+        number of iterations drawn uniformly per client and round (FedDisco's device-heterogeneity
+        setting), cycling through reshuffled passes."""
         cfg, n = self.cfg, len(idx)
         if cfg.straggler_steps:
             lo, hi = cfg.straggler_steps
@@ -168,10 +171,10 @@ class FederatedRun:
         taken, epoch = 0, 0
         while taken < budget and (cfg.straggler_steps or epoch < cfg.local_epochs):
             order = idx[torch.randperm(n, generator=gen).to(idx.device)]
-            for start in range(0, n, cfg.batch_size):
+            for batch in epoch_batches(order, cfg.batch_size, cfg.drop_last):
                 if taken >= budget:
                     return
-                yield order[start : start + cfg.batch_size]
+                yield batch
                 taken += 1
             epoch += 1
 
