@@ -85,9 +85,12 @@ def test_fednova_a_norm_is_the_l1_norm_of_the_momentum_weights():
         assert a_norm(tau, rho) == pytest.approx(brute, rel=1e-12)
 
 
-def test_fednova_with_equal_steps_and_no_momentum_is_fedavg(small_data):
+@pytest.mark.parametrize("momentum", [0.0, 0.5])
+def test_fednova_with_equal_steps_is_fedavg(small_data, momentum):
+    """Equal step counts: ||a_k||_1 cancels, with momentum too, so the normaliser FedDisco's code uses
+    (n_k // B, momentum ignored) and ours give the same update (NIID-2's equal clients)."""
     iid = np.array_split(np.random.default_rng(0).permutation(len(small_data.y_train)), 4)
-    cfg = dataclasses.replace(CFG, momentum=0.0)
+    cfg = dataclasses.replace(CFG, momentum=momentum)
     avg, nova = make_run(small_data, iid, cfg=cfg), make_run(small_data, iid, "fednova", cfg=cfg)
     for ra, rn in zip(metrics(avg.run()), metrics(nova.run()), strict=True):
         assert ra["test_acc"] == pytest.approx(rn["test_acc"], abs=1e-9)
@@ -151,6 +154,25 @@ def test_scaffold_control_variates_follow_option_two(small_data):
     expected = ck_old - c_old - upload["delta"] / (steps(parts4[cid]) * cfg.lr)
     assert torch.allclose(state["c_local"][cid], expected, atol=1e-6)
     assert torch.allclose(upload["delta_c"], expected - ck_old, atol=1e-6)
+
+
+def test_scaffold_from_one_common_random_start_is_a_zero_start_only_with_full_participation(small_data):
+    """FedDisco's code starts c and every c_k at the same random weights R: with every client sampled
+    that is a zero start (up to rounding); with partial participation R leaks into the corrections until
+    every client has been sampled once."""
+    parts4 = dirichlet_clients(small_data.y_train.numpy(), n_clients=4, beta=5.0)
+
+    def final_model(join_ratio, start=None):
+        run = make_run(small_data, parts4, "scaffold", cfg=dataclasses.replace(CFG, rounds=3, join_ratio=join_ratio))
+        if start is not None:
+            run.alg.state["c"] = start.clone()
+            run.alg.state["c_local"] = {cid: start.clone() for cid in range(4)}
+        run.run()
+        return run.flat.w
+
+    start = 0.1 * torch.randn(make_run(small_data, parts4).flat.numel, generator=torch.Generator().manual_seed(1))
+    assert torch.allclose(final_model(1.0, start), final_model(1.0), atol=1e-5)
+    assert not torch.allclose(final_model(0.5, start), final_model(0.5), atol=1e-3)
 
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])

@@ -19,6 +19,7 @@ from fedrepro.algorithms.base import Client
 from fedrepro.models import build_model
 from fedrepro.sim.flat import FlatModel
 from fedrepro.sim.sync import FederatedRun, TrainingConfig
+from fedrepro.sim.tensors import evaluate
 
 MODEL = "simple_cnn"
 CFG = TrainingConfig(rounds=3, local_epochs=2, batch_size=16, lr=0.05, momentum=0.5, weight_decay=1e-4,
@@ -130,6 +131,45 @@ def test_feddyn_local_training_and_server_follow_the_formulas(small_data):
     assert torch.allclose(w1, w0 + 0.7 * up0["delta"] + 0.3 * up2["delta"] - h / alpha, atol=1e-6)
 
 
+@pytest.mark.parametrize(("algorithm", "hparams"), [
+    ("feddyn", {"alpha": 0.1}),
+    ("feddc", {"alpha": 0.1, "grad_correction": False}),
+])
+def test_client_mean_tests_the_weighted_client_models_while_clients_train_from_the_server_model(
+        small_data, algorithm, hparams):
+    """FedDisco's code tests sum_k p_k w_k (its avg_model), not the server model w the clients train from."""
+    run = make_run(small_data, three_clients(small_data), algorithm, {**hparams, "evaluate": "client_mean"})
+    alg, w0 = run.alg, run.flat.w.clone()
+    up0, up2 = run.train_client(0, 1, w0)[0], run.train_client(2, 1, w0)[0]
+    alg.server_begin(w0, np.array([0, 2]), np.array([0.7, 0.3]))
+    alg.server_receive(0, up0, 0.7)
+    alg.server_receive(2, up2, 0.3)
+    w1 = alg.server_end(w0)
+    client_mean = w0 + 0.7 * up0["delta"] + 0.3 * up2["delta"]
+    assert torch.allclose(alg.evaluated_model(w1), client_mean, atol=1e-6)
+    assert not torch.allclose(w1, client_mean, atol=1e-4)  # the server's correction term is not tested
+
+    cfg = dataclasses.replace(CFG, rounds=2)
+    server = make_run(small_data, three_clients(small_data), algorithm, hparams, cfg=cfg)
+    mean = make_run(small_data, three_clients(small_data), algorithm, {**hparams, "evaluate": "client_mean"},
+                    cfg=cfg)
+    by_server, by_mean = server.run().history, mean.run().history
+    # the same training (clients start from the server model either way), another model tested
+    assert [r["train_loss"] for r in by_server] == [r["train_loss"] for r in by_mean]
+    assert [r["test_loss"] for r in by_server] != [r["test_loss"] for r in by_mean]
+    assert torch.equal(mean.flat.w, mean.alg.state["client_mean"])  # the model left loaded is the tested one
+    acc, loss, _ = evaluate(net_at(small_data, mean.alg.state["client_mean"]), small_data.x_test, small_data.y_test,
+                            small_data.num_classes)
+    assert by_mean[-1]["test_acc"] == pytest.approx(acc) and by_mean[-1]["test_loss"] == pytest.approx(loss)
+
+
+@pytest.mark.parametrize("algorithm", ["feddyn", "feddc"])
+def test_evaluated_model_choice_is_checked(algorithm):
+    assert build_algorithm(algorithm).evaluate == "server"  # the papers' model by default
+    with pytest.raises(ValueError, match=r"unknown evaluate 'average'; choices: \['server', 'client_mean'\]"):
+        build_algorithm(algorithm, evaluate="average")
+
+
 @pytest.mark.parametrize("grad_correction", [True, False])
 def test_feddc_local_training_drift_and_server_follow_the_formulas(small_data, grad_correction):
     alpha, n = 0.1, 3
@@ -237,6 +277,7 @@ def test_moon_keeps_each_clients_previous_local_model(small_data, parts):
 
 @pytest.mark.parametrize(("algorithm", "hparams", "state_key"), [
     ("feddyn", {"alpha": 0.1}, "grad"),
+    ("feddyn", {"alpha": 0.1, "evaluate": "client_mean"}, "grad"),
     ("feddc", {"alpha": 0.1}, "g_k"),
     ("moon", {"mu": 1.0}, "prev"),
 ])

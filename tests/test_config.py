@@ -31,6 +31,11 @@ def test_embedded_config_resolves_with_defaults(config):
     assert spec["weighting"] == {"kind": "size"}  # a schema default
     assert spec["training"]["join_ratio"] == 1.0  # a schema default
     assert spec["training"]["batch_size"] == 16  # the study's value (the schema default is 64)
+    assert spec["training"]["drop_last"] is True  # FedDisco's code drops the short last batch
+    assert run_spec(resolved["studies"]["fedl2g"], "dir", "fml")["training"]["drop_last"] is True  # HtFLlib's
+    fedgtst = resolved["studies"]["fedgtst"]
+    setting, method = grid_runs(fedgtst)[0]
+    assert run_spec(fedgtst, setting, method)["training"]["drop_last"] is False  # the schema default
     assert resolved["device"] == "auto" and resolved["train_resources"]["gpu"] == 0
 
 
@@ -60,6 +65,11 @@ def test_setting_and_method_overrides_win_over_defaults(config):
         (lambda c: study(c)["settings"]["niid1"].update(model="lenet"), r"unknown model 'lenet'"),
         (lambda c: study(c)["methods"]["fedprox"]["hparams"].update(nu=1),
          r"methods.fedprox.hparams: fedprox has no hyper-parameter 'nu' \(did you mean 'mu'\?\)"),
+        (lambda c: study(c)["methods"]["feddyn"]["hparams"].update(evaluate="average"),
+         r"methods.feddyn.hparams.evaluate: 'average' is not one of \['server', 'client_mean'\]"),
+        (lambda c: study(c)["methods"]["fedavg-disco"]["weighting"].update(target="global"),
+         r"methods.fedavg-disco.weighting.target: 'global' was renamed 'test': T is the test set's class "
+         r"distribution, as in the official FedDisco code"),
         (lambda c: study(c)["settings"]["niid1"]["partition"].update(kind="dirichlett"),
          r"partition.kind: 'dirichlett' is not one of .* \(did you mean 'dirichlet'\?\)"),
         (lambda c: study(c)["settings"]["niid1"]["partition"].pop("beta"), r"kind 'dirichlet' needs key 'beta'"),

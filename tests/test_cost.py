@@ -8,7 +8,8 @@ from fedrepro.cost import run_steps, step_flops
 
 
 def spec(**training):
-    base = {"rounds": 10, "local_epochs": 2, "batch_size": 64, "join_ratio": 0.5, "straggler_steps": None}
+    base = {"rounds": 10, "local_epochs": 2, "batch_size": 64, "join_ratio": 0.5, "straggler_steps": None,
+            "drop_last": False}
     return {"dataset": "cifar10", "partition": {"kind": "dirichlet", "clients": 10, "beta": 0.5},
             "training": {**base, **training}}
 
@@ -16,6 +17,7 @@ def spec(**training):
 def test_steps_are_rounds_times_sampled_clients_times_local_steps():
     assert run_steps(spec()) == 10 * 5 * 2 * 79  # 5000 samples per client in batches of 64 -> 79 steps/epoch
     assert run_steps(spec(straggler_steps=[50, 500])) == 10 * 5 * 275
+    assert run_steps(spec(drop_last=True)) == 10 * 5 * 2 * 78  # the short 79th batch dropped (FedDisco's code)
 
 
 def test_step_flops_count_forward_and_backward_and_scale_with_batch():

@@ -101,16 +101,16 @@ def test_identical_clients_keep_size_weights() -> None:
     np.testing.assert_allclose(disco_weights(counts, np.full(2, 0.5), b=0.1), (n + 0.1) / (1 + 3 * 0.1))
 
 
-def test_global_target_differs_from_uniform() -> None:
+def test_test_target_differs_from_uniform() -> None:
     skewed = np.array([0.7, 0.1, 0.1, 0.1])
     counts = np.array([[70, 10, 10, 10], [25, 25, 25, 25], [10, 30, 30, 30]])
     uni = disco_weights(counts, skewed, target="uniform")
-    glo = disco_weights(counts, skewed, target="global")
-    assert not np.allclose(uni, glo)
+    test = disco_weights(counts, skewed, target="test")
+    assert not np.allclose(uni, test)
     assert np.argmax(uni) == 1  # the uniform client wins against T = 1/C
-    assert np.argmax(glo) == 0  # the client matching the global distribution wins against T = global
-    # global_dist need not be normalised
-    np.testing.assert_allclose(disco_weights(counts, 10 * skewed, target="global"), glo)
+    assert np.argmax(test) == 0  # the client matching the test distribution wins against T = test
+    # test_dist need not be normalised
+    np.testing.assert_allclose(disco_weights(counts, 10 * skewed, target="test"), test)
 
 
 def test_all_relu_zero_falls_back_to_size_weights() -> None:
@@ -123,26 +123,56 @@ def test_all_relu_zero_falls_back_to_size_weights() -> None:
 def test_unknown_metric_or_target() -> None:
     with pytest.raises(ValueError, match=r"metric 'kll'.*\['cosine', 'kl', 'l1', 'l2'\]"):
         disco_weights(COUNTS, UNIFORM, metric="kll")
-    with pytest.raises(ValueError, match=r"target 'test'.*\['global', 'uniform'\]"):
-        disco_weights(COUNTS, UNIFORM, target="test")
+    with pytest.raises(ValueError, match=r"target 'tset'.*\['test', 'uniform'\]"):
+        disco_weights(COUNTS, UNIFORM, target="tset")
+    # the old name says what replaced it (it meant the training distribution, which the code never used)
+    with pytest.raises(ValueError, match=r"target 'global' was renamed 'test': T is the test set's"):
+        disco_weights(COUNTS, UNIFORM, target="global")
 
 
 def test_make_weighting_engine_signature() -> None:
-    # The engine builds the policy once from all clients' class counts, then calls it with sampled ids.
+    # The engine builds the policy once from all clients' class counts and the test set's, then calls it with
+    # sampled ids.
     class_counts = np.array([[10, 10, 10, 10], [20, 12, 8, 0], [0, 0, 10, 10], [40, 0, 0, 0], [5, 5, 5, 25]])
+    test_counts = np.array([60, 30, 20, 10])  # long-tailed, unlike the clients' pooled training data
     assert WEIGHTINGS["disco"] is disco_weights
-    policy = make_weighting({"kind": "disco", "a": A, "b": B, "metric": "l2"}, class_counts)
+    policy = make_weighting({"kind": "disco", "a": A, "b": B, "metric": "l2"}, class_counts, test_counts)
     sampled = np.array([0, 1, 2])
     np.testing.assert_allclose(policy(sampled), eq3(HAND["l2"]), rtol=1e-12)
-    # target "global" is the distribution over *all* clients, not only the sampled ones
-    policy = make_weighting({"kind": "disco", "target": "global"}, class_counts)
+    # target "test" is the test set's class distribution (the official code's), not the training data's
+    policy = make_weighting({"kind": "disco", "target": "test"}, class_counts, test_counts)
     sampled = np.array([1, 3])
-    expected = disco_weights(class_counts[sampled], class_counts.sum(0) / class_counts.sum(), target="global")
+    expected = disco_weights(class_counts[sampled], test_counts / test_counts.sum(), target="test")
     np.testing.assert_allclose(policy(sampled), expected)
+    pooled_train = class_counts.sum(0) / class_counts.sum()
+    assert not np.allclose(policy(sampled), disco_weights(class_counts[sampled], pooled_train, target="test"))
     assert policy(np.arange(5)).sum() == pytest.approx(1.0)
-    # bad options fail when the policy is built, not in the first round
+    # bad options fail when the policy is built, not in the first round; so does T = test without a test set
     with pytest.raises(ValueError, match="metric 'l3'"):
-        make_weighting({"kind": "disco", "metric": "l3"}, class_counts)
+        make_weighting({"kind": "disco", "metric": "l3"}, class_counts, test_counts)
+    with pytest.raises(ValueError, match="target 'test' needs the test set's class distribution"):
+        make_weighting({"kind": "disco", "target": "test"}, class_counts, np.zeros(4))
+    make_weighting({"kind": "size"}, class_counts, np.zeros(4))  # the others do not need one
+
+
+def test_the_engine_gives_disco_the_test_sets_class_distribution(small_data) -> None:
+    import dataclasses
+
+    from fedrepro.algorithms import build_algorithm
+    from fedrepro.models import build_model
+    from fedrepro.sim.sync import FederatedRun, TrainingConfig
+
+    # a long-tailed test set: class c keeps about 1 / (c + 1) of its samples
+    y = small_data.y_test.numpy()
+    keep = np.concatenate([np.flatnonzero(y == c)[: max(1, int((y == c).sum() / (c + 1)))] for c in range(10)])
+    data = dataclasses.replace(small_data, x_test=small_data.x_test[keep], y_test=small_data.y_test[keep])
+    labels = small_data.y_train.numpy()
+    parts = [np.flatnonzero(labels % 3 == r) for r in range(3)]
+    run = FederatedRun(build_model("simple_cnn", data.shape, 10), build_algorithm("fedavg"), data, parts,
+                       TrainingConfig(rounds=1), {"kind": "disco", "target": "test"}, seed=0)
+    counts = np.stack([np.bincount(labels[p], minlength=10) for p in parts])
+    test_dist = np.bincount(y[keep], minlength=10) / len(keep)
+    np.testing.assert_allclose(run.weighting(np.arange(3)), disco_weights(counts, test_dist, target="test"))
 
 
 def test_weighting_and_disco_do_not_import_torch() -> None:

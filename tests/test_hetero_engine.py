@@ -17,6 +17,7 @@ from fedrepro import seeding
 from fedrepro.hetero.engine import HeteroConfig, HeteroRun, payload_bytes, pooled, split_client
 from fedrepro.hetero.methods import build_method
 from fedrepro.models.groups import ARCHITECTURES, GROUPS, build_arch, group_members
+from fedrepro.sim.batches import epoch_batches
 from fedrepro.sim.checkpoint import CheckpointError, save_checkpoint
 
 FD = 16  # feature dimension of the tiny test models
@@ -95,6 +96,19 @@ def test_local_training_is_plain_sgd_on_the_clients_own_split(small_data):
             opt.step()
     expected = run.flats["mlp"].vector_of([p.detach() for p in net.parameters()])
     assert torch.allclose(run.client_w[0], expected, atol=1e-6)
+
+
+def test_local_batches_are_the_shared_epoch_definition(small_data):
+    """The heterogeneous engine's epochs are sim/batches.py's: floor(n / B) batches with drop_last (HtFLlib's
+    DataLoader), ceil(n / B) without, one short batch for a client smaller than a batch either way."""
+    parts = dirichlet_clients(small_data.y_train.numpy())
+    for drop_last in (True, False):
+        run = make_run(small_data, parts, cfg=dataclasses.replace(CFG, local_epochs=2, drop_last=drop_last))
+        for idx in (torch.arange(23), torch.arange(7)):
+            sizes = [len(b) for b in run.local_batches(idx, torch.Generator().manual_seed(0))]
+            per_epoch = [len(b) for b in epoch_batches(idx, CFG.batch_size, drop_last)]
+            assert sizes == per_epoch * 2
+    assert [len(b) for b in epoch_batches(torch.arange(23), 10, True)] == [10, 10]
 
 
 def test_clients_not_sampled_keep_their_model(small_data):

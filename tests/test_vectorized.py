@@ -59,6 +59,20 @@ def test_side_by_side_with_stragglers_and_disco_weights(small_data):
     assert torch.allclose(vec_run.flat.w, seq_run.flat.w, atol=1e-4, rtol=1e-3)
 
 
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
+def test_side_by_side_drops_the_same_short_batches(small_data, algorithm):
+    parts = dirichlet_clients(small_data.y_train.numpy(), n_clients=5)
+    parts.append(parts[0][:7])  # fewer samples than one batch: one short step per epoch even so
+    cfg = dataclasses.replace(CFG, drop_last=True)
+    seq_run, seq = run_with(small_data, parts, algorithm, "sequential", cfg)
+    vec_run, vec = run_with(small_data, parts, algorithm, "vectorized", cfg, width=4)
+    assert torch.allclose(vec_run.flat.w, seq_run.flat.w, atol=1e-4, rtol=1e-3)
+    for a, b in zip(seq.history, vec.history, strict=True):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-3)
+    _, keep = run_with(small_data, parts, algorithm, "sequential", dataclasses.replace(cfg, drop_last=False))
+    assert keep.history[0]["train_loss"] != seq.history[0]["train_loss"]  # drop_last did change the batches
+
+
 def test_auto_picks_side_by_side_only_on_cuda(small_data):
     parts = dirichlet_clients(small_data.y_train.numpy(), n_clients=3)
     run, _ = run_with(small_data, parts, "fedavg", "auto", dataclasses.replace(CFG, rounds=1))

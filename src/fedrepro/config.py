@@ -23,7 +23,7 @@ SCHEMAS = REPO / "workflow" / "schemas"
 EMBEDDED_RESULTS = "results"
 PAPER_RESULTS = "results/paper"
 TRAINING_KEYS = ("rounds", "local_epochs", "batch_size", "lr", "momentum", "weight_decay", "join_ratio",
-                 "eval_every", "last_k", "checkpoint_every", "straggler_steps")
+                 "eval_every", "last_k", "checkpoint_every", "straggler_steps", "drop_last")
 
 
 class ConfigError(ValueError):
@@ -70,6 +70,9 @@ def _describe(error: jsonschema.ValidationError, prefix: str) -> str:
         hints = [f"{key!r}{did_you_mean(key, allowed)}" for key in extra]
         return f"{where}: unknown key {', '.join(hints)}; allowed keys: {allowed}"
     if error.validator == "enum":
+        renamed = error.schema.get("renamed", {})  # an old value -> what replaced it and why
+        if isinstance(error.instance, str) and error.instance in renamed:
+            return f"{where}: {error.instance!r} was {renamed[error.instance]}"
         hint = did_you_mean(error.instance, error.validator_value)
         return f"{where}: {error.instance!r} is not one of {error.validator_value}{hint}"
     return f"{where}: {error.message}"

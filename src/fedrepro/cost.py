@@ -25,6 +25,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fedrepro.config import REPO, grid_runs, load_yaml, resolve_config, run_spec
 from fedrepro.models import TEXT_MODELS, build_model
+from fedrepro.sim.batches import batches_per_epoch
 
 # (training samples, input shape, classes) of each data set, so an estimate needs no download
 DATASETS = {
@@ -102,7 +103,7 @@ def run_steps(spec: dict) -> float:
     if t.get("straggler_steps"):
         local = sum(t["straggler_steps"]) / 2
     else:
-        local = t["local_epochs"] * math.ceil(per_client / t["batch_size"])
+        local = t["local_epochs"] * batches_per_epoch(math.ceil(per_client), t["batch_size"], t["drop_last"])
     steps = t["rounds"] * sampled * local
     if spec.get("async", {}).get("true_update"):  # Feddle's Fig. 2: every client trains in each evaluation
         steps += math.ceil(t["rounds"] / t["eval_every"]) * clients * local

@@ -184,6 +184,10 @@ def niid2_partition(
     holds u samples of every class. u is the largest value every class can supply; with equal class sizes
     and a multiple of C/g biased clients it is the official code's floor(N / C / K). Each class's shuffled
     indices are dealt without replacement; the rest of each class is dropped (in no client).
+    Deviation: the official code slices the label-sorted indices at c * (N // C), which is where class c
+    starts only when classes are equal; on unequal classes (the digits) its biased clients get a few
+    samples of a neighbouring third class and its unbiased client unequal class shares. Here biased clients
+    hold exactly their g classes.
     """
     labels = _check_inputs(labels, biased + unbiased)
     if biased < 0 or unbiased < 0:

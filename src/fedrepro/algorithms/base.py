@@ -36,6 +36,16 @@ class Client:
     steps: int = 0  # local SGD steps taken so far
 
 
+# what FedDyn and FedDC report: the server model the clients train from (their papers), or the aggregate of
+# the client models before the server adds its correction (h / alpha, the drifts; FedDisco's code)
+EVALUATED_MODELS = ("server", "client_mean")
+
+
+def check_evaluated_model(method: str, evaluate: str) -> None:
+    if evaluate not in EVALUATED_MODELS:
+        raise ValueError(f"{method}: unknown evaluate {evaluate!r}; choices: {list(EVALUATED_MODELS)}")
+
+
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of ``values`` over the entries where ``mask`` is 1 (0 if none)."""
     return (values * mask).sum() / mask.sum().clamp_min(1.0)
@@ -95,6 +105,11 @@ class Algorithm:
 
     def server_end(self, w_global: torch.Tensor) -> torch.Tensor:
         return w_global + self._sum
+
+    def evaluated_model(self, w_global: torch.Tensor) -> torch.Tensor:
+        """The vector the engine tests after a round: the global model the clients train from, unless a
+        method reports another (FedDyn's and FedDC's ``evaluate: client_mean``)."""
+        return w_global
 
     def round_metrics(self) -> dict[str, float]:
         """Extra columns for this round's evaluation row in metrics.csv (e.g. FedGTST's Jacobian norms)."""

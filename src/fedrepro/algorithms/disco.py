@@ -3,8 +3,10 @@
     p_k = ReLU(n_k - a * d_k + b) / sum_m ReLU(n_m - a * d_m + b),   d_k = e(D_k, T)
 
 over the clients sampled in a round: n_k is the client's share of the round's samples, D_k its class
-distribution, T the target distribution (uniform 1/C, or the global class distribution when training and
-test data are both imbalanced, the paper's Table 5). As in the official code (``disco.py`` there):
+distribution, T the target distribution: uniform 1/C, or, when training and test data are both imbalanced
+(the paper's Table 5, "the real global distribution"), the test set's class distribution, which is what the
+official code uses (main.py there: ``global_dist`` is the long-tailed test distribution when ``test_imb``
+is set, else uniform), not the pooled training distribution. As in the official code (``disco.py`` there):
 KL is KL(D_k || T) with 0 log 0 = 0, normalised over the sampled clients to sum to 1; L1, L2 and the cosine
 distance 1 - cos(D_k, T) are used as they are.
 
@@ -42,10 +44,15 @@ METRICS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "l2": lambda dist, target: np.sqrt(((dist - target) ** 2).sum(axis=1)),
     "cosine": _cosine,
 }
-TARGETS = ("uniform", "global")
+TARGETS = ("uniform", "test")
+# target names no longer accepted -> why (configs and callers get this instead of a bare "unknown")
+RENAMED_TARGETS = {"global": "renamed 'test': T is the test set's class distribution, as in the official "
+                             "code, not the clients' pooled training distribution the old name meant"}
 
 
 def _choice(what: str, value: str, choices) -> None:
+    if what == "target" and value in RENAMED_TARGETS:
+        raise ValueError(f"disco target {value!r} was {RENAMED_TARGETS[value]}")
     if value not in choices:
         raise ValueError(f"unknown disco {what} {value!r}; choices: {sorted(choices)}")
 
@@ -62,7 +69,7 @@ def discrepancy(counts: np.ndarray, target: np.ndarray, metric: str = "kl") -> n
 
 def disco_weights(
     counts: np.ndarray,
-    global_dist: np.ndarray,
+    test_dist: np.ndarray,
     a: float = 0.5,
     b: float = 0.1,
     metric: str = "kl",
@@ -70,9 +77,9 @@ def disco_weights(
 ) -> np.ndarray:
     """Eq. 3 for the sampled clients' class counts ``counts`` ([m, C]); weights [m], >= 0, summing to 1.
 
-    ``target`` "uniform" compares each client with 1/C, "global" with ``global_dist`` (the class
-    distribution over all clients). Defaults a=0.5, b=0.1 are the official code's (the paper recommends
-    a in 0.4..0.6, b=0.1).
+    ``target`` "uniform" compares each client with 1/C, "test" with ``test_dist`` (the test set's class
+    distribution, or counts; normalised here). Defaults a=0.5, b=0.1 are the official code's (the paper
+    recommends a in 0.4..0.6, b=0.1).
     """
     _choice("metric", metric, METRICS)
     _choice("target", target, TARGETS)
@@ -83,9 +90,10 @@ def disco_weights(
     if target == "uniform":
         t = np.full(n_classes, 1.0 / n_classes)
     else:
-        t = np.asarray(global_dist, dtype=np.float64)
+        t = np.asarray(test_dist, dtype=np.float64)
         if t.shape != (n_classes,) or t.sum() <= 0:
-            raise ValueError(f"disco: global_dist must be a non-zero [{n_classes}] vector, got {t.shape}")
+            raise ValueError(f"disco: target 'test' needs the test set's class distribution, a non-zero "
+                             f"[{n_classes}] vector; got shape {t.shape}, sum {t.sum()}")
         t = t / t.sum()
     d = discrepancy(counts, t, metric)
     sizes = counts.sum(axis=1)

@@ -9,9 +9,10 @@ The terms are those of the official FedDC code (the paper writes the correction 
 option II), and so is the clipping of the objective's gradient at ``max_grad_norm`` (0: off): without
 it the correction of a client with few steps can blow up. That code trains without momentum; with
 momentum beta, (w_k - w_global) / (lr K) overstates the local gradient by up to 1/(1 - beta).
-Deviations from that code (and FedDisco's copy): it evaluates sum_k p_k w_k without the drift term while
-clients train from w (separating the two needs an engine hook); it rescales alpha and the states per
-client by mean(n)/n_k. FedDisco's copy computes g_k but never adds <w, g - g_k> to the loss:
+``evaluate`` says which model is tested (clients always train from w): "server", w, or "client_mean",
+sum_k p_k w_k without the drift term, the model that code reports (its avg_model).
+Deviation from that code (and FedDisco's copy): it rescales alpha and the states per client by
+mean(n)/n_k. FedDisco's copy computes g_k but never adds <w, g - g_k> to the loss:
 ``grad_correction=False`` is that variant (no g, g_k, nor their bytes), and then FedDC is FedDyn with
 the same alpha (same local gradient, same server step) up to rounding.
 Reductions: alpha = 0 turns the drift off entirely (penalty and the server's drift term, which without
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fedrepro.algorithms.base import Algorithm, Client
+from fedrepro.algorithms.base import Algorithm, Client, check_evaluated_model
 
 if TYPE_CHECKING:
     import numpy as np
@@ -38,10 +39,13 @@ class FedDC(Algorithm):
     name = "feddc"
 
     def __init__(
-        self, alpha: float = 0.01, grad_correction: bool = True, max_grad_norm: float = 10.0
+        self, alpha: float = 0.01, grad_correction: bool = True, max_grad_norm: float = 10.0,
+        evaluate: str = "server",
     ) -> None:
         super().__init__()
+        check_evaluated_model(self.name, evaluate)
         self.alpha, self.grad_correction, self.max_grad_norm = alpha, grad_correction, max_grad_norm
+        self.evaluate = evaluate
 
     def setup(self, flat: FlatModel, num_clients: int, training: TrainingConfig) -> None:
         super().setup(flat, num_clients, training)
@@ -88,7 +92,12 @@ class FedDC(Algorithm):
             self._g_sum.add_(upload["g_diff"])
 
     def server_end(self, w_global: torch.Tensor) -> torch.Tensor:
-        w = super().server_end(w_global)
+        w = super().server_end(w_global)  # sum_k p_k w_k
         if self.grad_correction:
             self.state["g"].add_(self._g_sum, alpha=1.0 / self.num_clients)
+        if self.evaluate == "client_mean":  # in the state, so a resumed run reports the same model
+            self.state["client_mean"] = w.clone()
         return w if self.alpha == 0 else w.add_(self.state["h_mean"])
+
+    def evaluated_model(self, w_global: torch.Tensor) -> torch.Tensor:
+        return self.state["client_mean"] if self.evaluate == "client_mean" else w_global

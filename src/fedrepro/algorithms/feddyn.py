@@ -3,10 +3,12 @@
 Client k minimises L_k(w) - <grad_k, w> + (alpha/2) ||w - w_global||^2, then sets
 grad_k <- grad_k - alpha (w_k - w_global). The server keeps h <- h - alpha/N sum_{k in S} (w_k - w_global)
 (N = all clients) and sets w <- sum_k p_k w_k - h / alpha, with the engine's weights p_k (uniform: the
-paper; Disco: re-weighted). The engine trains from and evaluates that w (the paper's server model).
-Deviations from the official code (FedDyn's and FedDisco's copy): it evaluates the plain average
-sum_k p_k w_k while clients train from w (separating the two needs an engine hook); alpha is rescaled
-per client by mean(n)/n_k there, not here; it clips gradients at norm 10, we do not.
+paper; Disco: re-weighted). Clients always train from that w. ``evaluate`` says which model is tested:
+"server", w (the paper's server model), or "client_mean", sum_k p_k w_k without the -h / alpha term, which
+FedDyn's official code reports too (its avg_model) and which FedDisco's code reports as FedDyn's and
+FedDisco's accuracy (feddyn.py there evaluates only avg_model).
+Deviations from the official code (FedDyn's and FedDisco's copy): alpha is rescaled per client by
+mean(n)/n_k there, not here; it clips gradients at norm 10, we do not.
 alpha = 0 is FedAvg exactly: every extra term is skipped. (The limit alpha -> 0+ is not FedAvg:
 -h / alpha = (1/N) x the sum of all past client updates, which does not vanish; alpha = 0 means "off".)
 """
@@ -17,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fedrepro.algorithms.base import Algorithm, Client
+from fedrepro.algorithms.base import Algorithm, Client, check_evaluated_model
 
 if TYPE_CHECKING:
     from fedrepro.sim.flat import FlatModel
@@ -27,9 +29,10 @@ if TYPE_CHECKING:
 class FedDyn(Algorithm):
     name = "feddyn"
 
-    def __init__(self, alpha: float = 0.01) -> None:
+    def __init__(self, alpha: float = 0.01, evaluate: str = "server") -> None:
         super().__init__()
-        self.alpha = alpha
+        check_evaluated_model(self.name, evaluate)
+        self.alpha, self.evaluate = alpha, evaluate
 
     def setup(self, flat: FlatModel, num_clients: int, training: TrainingConfig) -> None:
         super().setup(flat, num_clients, training)
@@ -57,5 +60,10 @@ class FedDyn(Algorithm):
             self.state["h"].add_(upload["delta"], alpha=-self.alpha / self.num_clients)
 
     def server_end(self, w_global: torch.Tensor) -> torch.Tensor:
-        w = super().server_end(w_global)
+        w = super().server_end(w_global)  # sum_k p_k w_k
+        if self.evaluate == "client_mean":  # in the state, so a resumed run reports the same model
+            self.state["client_mean"] = w.clone()
         return w if self.alpha == 0 else w.sub_(self.state["h"], alpha=1.0 / self.alpha)
+
+    def evaluated_model(self, w_global: torch.Tensor) -> torch.Tensor:
+        return self.state["client_mean"] if self.evaluate == "client_mean" else w_global

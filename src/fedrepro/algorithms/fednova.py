@@ -6,6 +6,15 @@ ones for plain SGD, a_k[t] = (1 - rho^(tau_k - t + 1)) / (1 - rho), t = 1..tau_k
 rho. It uploads d_k = delta_k / ||a_k||_1 and ||a_k||_1; the server steps w <- w + tau_eff * sum_k p_k d_k
 with tau_eff = sum_k p_k ||a_k||_1 (p_k: the round's aggregation weights, so Disco re-weights before the
 normalisation, as in FedDisco's code).
+
+||a_k||_1 is taken over the steps the client really took (``client.steps``: local epochs, drop_last and
+stragglers included), as in the paper. FedDisco's code (fednova.py there) normalises by n_k // B instead:
+one epoch's steps with drop_last, momentum ignored. The epochs cancel (tau_eff and every ||a_k||_1 scale
+together), and so does momentum's 1/(1 - rho); what remains is momentum's offset, ||a||_1 (1 - rho) =
+tau - rho (1 - rho^tau) / (1 - rho), i.e. about 9 steps fewer at rho = 0.9, which changes the weights only
+where clients' step counts differ and are small, and nothing where every client takes the same number of
+steps (NIID-2, its partial participation). A client with fewer than B samples makes that code divide by
+zero; here it takes one short step per epoch (sim/batches.py).
 """
 
 from __future__ import annotations

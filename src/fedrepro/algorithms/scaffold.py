@@ -8,6 +8,14 @@ With local momentum the correction is fed to the momentum buffer as (c - c_k) at
 (1 - rho)(c - c_k) after, so it moves w by exactly -lr (c - c_k) every step, as FedDisco's code does
 (it subtracts lr (c - c_k) after each optimiser step). Feeding it undamped would amplify it by
 1/(1 - rho) a second time: c_k already measures the momentum-amplified per-step displacement.
+
+c and every c_k start at zero, as in the paper. FedDisco's code (scaffold.py there) starts them all at
+the weights R of one freshly initialised model. c_k+ drops whatever c_k held (the correction's own
+displacement, lr (c - c_k) per step, comes back through (w_start - w_end) / (K lr)), so a client's variate
+is free of R after its first round, and c keeps R times the share of clients never sampled yet. With full
+participation that share is 0 after round 1, where c - c_k = 0 anyway: the same training as a zero start
+(up to rounding). With partial participation every correction carries (share - 1 or share) x R until
+every client has been sampled once (about 25 rounds for 10 of 60 clients): a random pull there, not here.
 """
 
 from __future__ import annotations

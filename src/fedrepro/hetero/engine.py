@@ -40,6 +40,7 @@ from fedrepro import seeding
 from fedrepro.hetero.base import ClientRound, HeteroMethod
 from fedrepro.models.cnn import SplitModel
 from fedrepro.models.groups import build_arch, group_members
+from fedrepro.sim.batches import epoch_batches
 from fedrepro.sim.checkpoint import CheckpointError, close_round, load_checkpoint, resume_progress
 from fedrepro.sim.flat import FlatModel
 from fedrepro.sim.sync import RunResult
@@ -216,15 +217,13 @@ class HeteroRun:
 
     def local_batches(self, idx: Tensor, gen: torch.Generator) -> Iterator[Tensor]:
         """``local_epochs`` reshuffled passes over ``idx`` in batches (the last partial one dropped with
-        ``drop_last``, unless the client has less than one batch)."""
+        ``drop_last``, unless the client has less than one batch; sim/batches.py)."""
         cfg, n = self.cfg, len(idx)
-        stop = n - n % cfg.batch_size if cfg.drop_last and n >= cfg.batch_size else n
         for _ in range(cfg.local_epochs):
             # HtFLlib's client loaders keep one fixed order (shuffle=False, so drop_last always drops the same
             # samples); here every epoch reshuffles, seeded (documented deviation D-fedl2g-shuffle)
             order = idx[torch.randperm(n, generator=gen).to(idx.device)]
-            for start in range(0, stop, cfg.batch_size):
-                yield order[start : start + cfg.batch_size]
+            yield from epoch_batches(order, cfg.batch_size, cfg.drop_last)
 
     def train_client(self, client: ClientRound) -> tuple[Tensor, Tensor, int]:
         """Local SGD (plain, lr ``cfg.lr``) on the method's trainables; (summed loss, summed CE, samples)."""

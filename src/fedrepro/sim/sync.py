@@ -17,6 +17,7 @@ from torch import nn
 from fedrepro import seeding
 from fedrepro.algorithms.base import Algorithm, Client
 from fedrepro.algorithms.weighting import make_weighting
+from fedrepro.sim.batches import epoch_batches
 from fedrepro.sim.checkpoint import close_round, load_checkpoint, module_buffers, restore_buffers, resume_progress
 from fedrepro.sim.flat import FlatModel
 from fedrepro.sim.tensors import DeviceData, evaluate
@@ -52,6 +53,7 @@ class TrainingConfig:
     last_k: int = 5
     checkpoint_every: int = 10
     straggler_steps: list[int] | None = None  # [lo, hi]: local iterations drawn per client and round
+    drop_last: bool = False  # drop each epoch's short last batch (sim/batches.py)
 
 
 @dataclass
@@ -98,7 +100,8 @@ class FederatedRun:
         self.class_counts = np.stack(
             [np.bincount(labels[idx], minlength=data.num_classes) for idx in client_indices]
         )
-        self.weighting = make_weighting(weighting, self.class_counts)
+        test_counts = np.bincount(data.y_test.cpu().numpy(), minlength=data.num_classes)
+        self.weighting = make_weighting(weighting, self.class_counts, test_counts)
         # methods that need more than their hooks' arguments (e.g. FedIIR's per-round gradients on the
         # clients' data) reach the data and client index tensors through the simulation
         self.alg.sim = self
@@ -165,9 +168,10 @@ class FederatedRun:
         return loss_sum, seen
 
     def local_batches(self, idx: torch.Tensor, gen: torch.Generator, rnd: int, cid: int):
-        """Index batches of one client's local training: ``local_epochs`` reshuffled passes, or, with
-        ``straggler_steps = [lo, hi]``, a number of iterations drawn uniformly per client and round
-        (FedDisco's device-heterogeneity setting), cycling through reshuffled passes."""
+        """Index batches of one client's local training: ``local_epochs`` reshuffled passes (each without
+        its short last batch with ``drop_last``; sim/batches.py), or, with ``straggler_steps = [lo, hi]``, a
+        number of iterations drawn uniformly per client and round (FedDisco's device-heterogeneity
+        setting), cycling through reshuffled passes."""
         cfg, n = self.cfg, len(idx)
         if cfg.straggler_steps:
             lo, hi = cfg.straggler_steps
@@ -177,10 +181,10 @@ class FederatedRun:
         taken, epoch = 0, 0
         while taken < budget and (cfg.straggler_steps or epoch < cfg.local_epochs):
             order = idx[torch.randperm(n, generator=gen).to(idx.device)]
-            for start in range(0, n, cfg.batch_size):
+            for batch in epoch_batches(order, cfg.batch_size, cfg.drop_last):
                 if taken >= budget:
                     return
-                yield order[start : start + cfg.batch_size]
+                yield batch
                 taken += 1
             epoch += 1
 
@@ -243,7 +247,7 @@ class FederatedRun:
             diverged = (not math.isfinite(train_loss) or train_loss > DIVERGED_LOSS
                         or not bool(torch.isfinite(w).all()))
             if diverged or rnd % cfg.eval_every == 0 or rnd == cfg.rounds:
-                self.flat.load(w)
+                self.flat.load(self.alg.evaluated_model(w))
                 acc, test_loss, result.per_class_acc = evaluate(
                     self.model, self.data.x_test, self.data.y_test, self.data.num_classes)
                 result.history.append(
@@ -257,7 +261,7 @@ class FederatedRun:
                            cfg.checkpoint_every, partial(self.snapshot, rnd, w, result, bytes_up, bytes_down, seconds),
                            self.log):
                 break
-        self.flat.load(w)
+        self.flat.load(self.alg.evaluated_model(w))  # the reported model, also for what follows (fine-tuning)
         if result.per_class_acc is None:  # resumed from a finished checkpoint
             result.per_class_acc = evaluate(self.model, self.data.x_test, self.data.y_test, self.data.num_classes)[2]
         return result

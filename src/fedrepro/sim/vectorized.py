@@ -3,7 +3,8 @@
 The sampled clients' parameter vectors are stacked ([m, P]); one step runs ``torch.func.vmap`` over the
 method's pure local objective (``Algorithm.functional_loss``) with every client's own batch, drawn exactly
 as the sequential engine draws it (same generators, same order), so the two engines agree to float
-tolerance. Ragged clients are handled by masking: a client's last, shorter batch is padded and masked,
+tolerance. Ragged clients are handled by masking: a client's last, shorter batch (kept unless
+``drop_last``, sim/batches.py) is padded and masked,
 and a client that has finished its local steps is frozen while the others go on. Gradient corrections,
 weight decay, momentum and uploads are the method's ordinary hooks, called per client on row views.
 
