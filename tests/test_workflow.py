@@ -57,7 +57,9 @@ def test_tiny_pipeline_runs_end_to_end(tiny_pipeline):
     tmp_path, config, proc = tiny_pipeline
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = tmp_path / "results" / "feddisco"
-    assert (tmp_path / "results" / "scorecard.md").read_text().count("| t1 |") == 2  # its line and its claim
+    scorecard, convergence = (tmp_path / "results" / "scorecard.md").read_text().split("### Convergence")
+    assert scorecard.count("| t1 |") == 2  # its line and its claim
+    assert "Runs at their plateau" in convergence
     readme = (tmp_path / "README.md").read_text()  # the showcase block, filled from this run
     assert "![curves (feddisco, embedded scale)](docs/showcase/figure.png)" in readme and "to fill" not in readme
     assert "| t1 | FedProx is best |" in readme and readme.endswith("<!-- showcase:end -->\n\nend\n")
