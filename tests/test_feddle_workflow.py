@@ -190,3 +190,30 @@ def test_a_column_in_two_shared_runs_is_a_config_error():
     center["shared_runs"][1]["columns"].append("c10-d01-n5")
     with pytest.raises(ConfigError, match="already filled"):
         resolve_config({"scale": "paper", "results_dir": "results/paper", "studies": {"feddle": bad}})
+
+
+def test_figs_8_and_9_are_sweep_lines_over_grid_runs_at_paper_scale():
+    from fedrepro.config import grid_runs
+
+    _, config = _paper_feddle()
+    study = config["studies"]["feddle"]
+    assert "fig8" not in study["tables"] and "fig9" not in study["tables"]  # no published numbers to sit beside
+    runs = set(grid_runs(study))
+    for name, values in (("fig8", [0, 0.001, 0.01, 0.1]), ("fig9", [5, 10, 20, 40, 80])):
+        fig = study["figures"][name]
+        assert fig["kind"] == "sweep_line" and fig["x_values"] == values and fig["metric"] == "last_k_max_acc"
+        assert [line["label"] for line in fig["lines"]] == ["In-Domain", "Out-of-Domain"]
+        assert all((fig["setting"], m) in runs for line in fig["lines"] for m in line["methods"])
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda fig: fig["lines"][0]["methods"].pop(), "3 methods for 4 x_values"),
+    (lambda fig: fig.update(x_scale="log"), "a log axis needs positive x_values"),
+    (lambda fig: fig["lines"][1]["methods"].__setitem__(0, "feddle-nope"), r"\(feddle-nope, c10-d01-n20\) is not"),
+])
+def test_a_bad_sweep_line_is_a_config_error(edit, message):
+    raw, _ = _paper_feddle()
+    bad = copy.deepcopy(raw)
+    edit(bad["figures"]["fig8"])
+    with pytest.raises(ConfigError, match=message):
+        resolve_config({"scale": "paper", "results_dir": "results/paper", "studies": {"feddle": bad}})

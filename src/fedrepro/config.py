@@ -319,6 +319,16 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         elif fig["kind"] == "gain_grid":
             needed = {(fig["setting"], v["method"]) for v in study["sweeps"][fig["sweep"]]}
             needed.add((fig["setting"], fig["baseline"]))
+        elif fig["kind"] == "sweep_line":
+            for i, line in enumerate(fig["lines"]):
+                setting = line.get("setting", fig["setting"])
+                known(f"figures.{f}.lines.{i}.setting", setting, study["settings"], "setting")
+                if len(line["methods"]) != len(fig["x_values"]):
+                    fail(f"figures.{f}.lines.{i}.methods", f"{len(line['methods'])} methods for "
+                         f"{len(fig['x_values'])} x_values: one run per swept value")
+                needed |= {(setting, m) for m in line["methods"]}
+            if fig["x_scale"] == "log" and min(fig["x_values"]) <= 0:
+                fail(f"figures.{f}.x_scale", "a log axis needs positive x_values (categorical spaces them evenly)")
         elif fig["kind"] == "gain_lines":
             needed = {(p["setting"], m) for p in fig["points"] for ser in fig["series"]
                       for m in (ser["baseline"], ser["method"])}
