@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import REPO
 
 from fedrepro.config import ConfigError, resolve_config, run_spec
 from fedrepro.data.registry import prepare_dataset
@@ -132,3 +133,87 @@ def test_fig2_comes_from_true_update_runs_and_needs_them(tmp_path):
                                                                       ("skewed", "iid")]}
     figure(spec, [tmp_path / "runs.csv", indexes[0]], tmp_path / "fig2", log=lambda m: None)
     assert (tmp_path / "fig2.png").stat().st_size > 10_000 and (tmp_path / "fig2.pdf").exists()
+
+
+def _paper_feddle():
+    from fedrepro.config import load_yaml
+
+    raw = load_yaml(REPO / "config" / "studies" / "feddle.yaml")
+    return raw, resolve_config({"scale": "paper", "results_dir": "results/paper", "studies": {"feddle": raw}})
+
+
+def test_table5_center_runs_once_per_data_set_and_fills_its_columns_beside_the_published_value():
+    from fedrepro.config import grid_runs, table_cell_setting
+    from fedrepro.report.coverage import shown_keys
+
+    _, config = _paper_feddle()
+    study = config["studies"]["feddle"]
+    table5 = study["tables"]["table5"]
+    columns = {c["setting"] for c in table5["columns"]}
+    # Center samples no client: a data set's partition and delay columns share one run (was: one per column)
+    assert sorted(s for s, m in grid_runs(study) if m == "center" and s in columns) == [
+        "c10-d01-n20", "c100-d01-n20", "fm-d01-n20"]
+    center = next(r for r in table5["rows"] if r["method"] == "center")
+    filled = {c["setting"]: table_cell_setting(center, c) for c in table5["columns"]}
+    assert set(filled.values()) == {"c10-d01-n20", "fm-d01-n20", "c100-d01-n20"}
+    assert filled["c100-d03-n5"] == "c100-d01-n20" and filled["fm-d03-n20"] == "fm-d01-n20"
+    for data_set in ("CIFAR-10", "Fashion-MNIST", "CIFAR-100"):
+        assert ("Table 5", "Center", f"{data_set} | CNN | all settings (single value)") in shown_keys(study)
+
+
+def test_embedded_table5_center_is_one_run_for_both_columns():
+    from fedrepro.config import grid_runs, load_yaml, table_cell_setting
+
+    study = resolve_config(load_yaml(REPO / "config" / "config.yaml"))["studies"]["feddle"]
+    assert [s for s, m in grid_runs(study) if m == "center"] == ["d01-n20"]
+    center = next(r for r in study["tables"]["table5"]["rows"] if r["method"] == "center")
+    assert {table_cell_setting(center, c) for c in study["tables"]["table5"]["columns"]} == {"d01-n20"}
+
+
+@pytest.mark.parametrize("shared, message", [
+    ({"setting": "c10-d01-n20", "columns": ["c10-nope"]}, "c10-nope"),
+    ({"setting": "c10-d01-n5"}, r"cell \(center, c10-d01-n5\) names a run the grid does not produce"),
+])
+def test_a_bad_shared_run_is_a_config_error(shared, message):
+    raw, _ = _paper_feddle()
+    bad = copy.deepcopy(raw)
+    center = next(r for r in bad["tables"]["table5"]["rows"] if r["method"] == "center")
+    center["shared_runs"] = [shared]
+    with pytest.raises(ConfigError, match=message):
+        resolve_config({"scale": "paper", "results_dir": "results/paper", "studies": {"feddle": bad}})
+
+
+def test_a_column_in_two_shared_runs_is_a_config_error():
+    raw, _ = _paper_feddle()
+    bad = copy.deepcopy(raw)
+    center = next(r for r in bad["tables"]["table5"]["rows"] if r["method"] == "center")
+    center["shared_runs"][1]["columns"].append("c10-d01-n5")
+    with pytest.raises(ConfigError, match="already filled"):
+        resolve_config({"scale": "paper", "results_dir": "results/paper", "studies": {"feddle": bad}})
+
+
+def test_figs_8_and_9_are_sweep_lines_over_grid_runs_at_paper_scale():
+    from fedrepro.config import grid_runs
+
+    _, config = _paper_feddle()
+    study = config["studies"]["feddle"]
+    assert "fig8" not in study["tables"] and "fig9" not in study["tables"]  # no published numbers to sit beside
+    runs = set(grid_runs(study))
+    for name, values in (("fig8", [0, 0.001, 0.01, 0.1]), ("fig9", [5, 10, 20, 40, 80])):
+        fig = study["figures"][name]
+        assert fig["kind"] == "sweep_line" and fig["x_values"] == values and fig["metric"] == "last_k_max_acc"
+        assert [line["label"] for line in fig["lines"]] == ["In-Domain", "Out-of-Domain"]
+        assert all((fig["setting"], m) in runs for line in fig["lines"] for m in line["methods"])
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda fig: fig["lines"][0]["methods"].pop(), "3 methods for 4 x_values"),
+    (lambda fig: fig.update(x_scale="log"), "a log axis needs positive x_values"),
+    (lambda fig: fig["lines"][1]["methods"].__setitem__(0, "feddle-nope"), r"\(feddle-nope, c10-d01-n20\) is not"),
+])
+def test_a_bad_sweep_line_is_a_config_error(edit, message):
+    raw, _ = _paper_feddle()
+    bad = copy.deepcopy(raw)
+    edit(bad["figures"]["fig8"])
+    with pytest.raises(ConfigError, match=message):
+        resolve_config({"scale": "paper", "results_dir": "results/paper", "studies": {"feddle": bad}})

@@ -14,6 +14,7 @@ from matplotlib.image import imread
 from test_report import make_run
 
 from fedrepro.report.collect import collect_runs
+from fedrepro.report.figures import sweep_points
 from fedrepro.report.figures_feddisco import (
     class_matrix,
     gain_grid_matrix,
@@ -386,3 +387,75 @@ def test_every_figure_of_every_study_gives_its_methods_distinct_colours(config: 
     assert checked
     # a method keeps its colour across studies
     assert method_color("FedAvg") == method_color("fedavg") == method_color("Fed-Avg")
+
+
+# ---------------------------------------------------------------- sweep lines (Feddle Figs. 8, 9)
+
+SWEEP_SPEC = {
+    "name": "fig8", "caption": "accuracy vs lambda", "kind": "sweep_line", "metric": "best_acc", "setting": "c10",
+    "x_label": "λ", "x_scale": "categorical", "x_values": [0, 0.001, 0.01],
+    "lines": [{"label": "In-Domain", "methods": ["f", "f-1", "f-2"]},
+              {"label": "Out-of-Domain", "methods": ["f-ood", "f-1-ood", "f-2-ood"]}],
+}
+
+
+def test_sweep_points_are_the_seed_mean_and_sd_of_each_swept_run():
+    summary = summary_frame({("c10", "f"): [50.0, 54.0], ("c10", "f-1"): [60.0, None], ("c10", "f-2"): [70.0],
+                             ("c10", "f-ood"): [30.0, 34.0], ("c100", "f-1-ood"): [99.0]})
+    lines = sweep_points(SWEEP_SPEC, summary)
+    ind, ood = lines["In-Domain"], lines["Out-of-Domain"]
+    assert list(ind["x"]) == [0, 0.001, 0.01] and list(ind["method"]) == ["f", "f-1", "f-2"]
+    assert list(ind["mean"]) == [52.0, 60.0, 70.0]  # the diverged seed of f-1 is left out
+    assert ind["sd"].iloc[0] == pytest.approx(statistics.stdev([50.0, 54.0])) and math.isnan(ind["sd"].iloc[1])
+    assert list(ind["n"]) == [2, 1, 1]
+    # another setting's run is not this figure's point: a gap in the line
+    assert ood["mean"].iloc[0] == 32.0 and ood["mean"].iloc[1:].isna().all() and list(ood["n"]) == [2, 0, 0]
+
+
+@pytest.mark.parametrize("x_scale, x_values", [("categorical", [0, 0.001, 0.01]), ("log", [5, 10, 20]),
+                                               ("linear", [1, 2, 3])])
+def test_render_sweep_line_writes_a_figure_on_each_axis_kind(tmp_path, x_scale, x_values):
+    from fedrepro.report.figures import render_sweep_line
+
+    spec = {**SWEEP_SPEC, "x_scale": x_scale, "x_values": x_values}
+    summary = summary_frame({("c10", m): [40.0 + i, 44.0 + i] for i, m in enumerate(["f", "f-1", "f-2", "f-ood"])})
+    render_sweep_line(spec, summary, tmp_path / "fig8")
+    assert_written(tmp_path / "fig8")
+
+
+def test_render_sweep_line_refuses_a_figure_without_runs_or_a_log_axis_through_zero(tmp_path):
+    from fedrepro.report.figures import render_sweep_line
+
+    summary = summary_frame({("c10", "f"): [40.0]})
+    with pytest.raises(ValueError, match="fig8: a log x axis needs positive x_values"):
+        render_sweep_line({**SWEEP_SPEC, "x_scale": "log"}, summary, tmp_path / "fig8")
+    with pytest.raises(ValueError, match="fig8: no finished runs for any of its points"):
+        render_sweep_line(SWEEP_SPEC, summary_frame({("c100", "f"): [40.0]}), tmp_path / "fig8")
+
+
+def test_the_figure_job_derives_last_k_max_acc_from_the_curves_for_a_sweep_line(tmp_path, monkeypatch):
+    from fedrepro.pipeline import figure
+    from fedrepro.report import figures
+
+    curves = {("f", 0): [10, 50, 40], ("f", 1): [10, 30, 60], ("f-1", 0): [10, 70, 20]}
+    runs = pd.DataFrame([{"study": "s", "setting": "c10", "method": m, "seed": k, "round": r + 1, "test_acc": a}
+                         for (m, k), accs in curves.items() for r, a in enumerate(accs)])
+    summary = pd.DataFrame([{"study": "s", "setting": "c10", "method": m, "seed": k, "status": "complete",
+                             "best_acc": max(accs), "last_k": 2} for (m, k), accs in curves.items()])
+    runs.to_csv(tmp_path / "runs.csv", index=False)
+    summary.to_csv(tmp_path / "summary.csv", index=False)
+    spec = {**SWEEP_SPEC, "metric": "last_k_max_acc", "x_values": [0, 0.001],
+            "lines": [{"label": "In-Domain", "methods": ["f", "f-1"]}]}
+    seen = {}
+    render = figures.render_sweep_line
+
+    def capture(spec, summary, out_stem):
+        seen["summary"] = summary
+        render(spec, summary, out_stem)
+
+    monkeypatch.setattr(figures, "render_sweep_line", capture)
+    figure(spec, [tmp_path / "summary.csv", tmp_path / "runs.csv"], tmp_path / "fig8", log=lambda _: None)
+    assert_written(tmp_path / "fig8")
+    # the max over each run's last 2 evaluations, not its best over all rounds
+    assert list(seen["summary"]["last_k_max_acc"]) == [50.0, 60.0, 70.0]
+    assert list(sweep_points(spec, seen["summary"])["In-Domain"]["mean"]) == [55.0, 70.0]

@@ -139,3 +139,29 @@ def test_table10_sd_column_is_the_spread_over_a_runs_last_k_rounds_beside_the_pa
     assert cells.loc["sd", "ours_mean"] == pytest.approx(seed0 / 2)  # mean over seeds of the per-run sd
     assert cells.loc["sd", "paper_mean"] == pytest.approx(3.44) and pd.isna(cells.loc["sd", "paper_std"])
     assert cells.loc["acc", "paper_mean"] == pytest.approx(54.27)  # the mean column keeps the published mean
+
+
+def test_shared_runs_fill_several_columns_with_one_run_beside_the_papers_single_value(tmp_path):
+    # Feddle's Table 5 Center: one run per data set (its D(0.1),N(20) setting) fills the data set's columns,
+    # beside the paper's one "all settings" number; the other rows keep their own column's run and number
+    center = {"method": "center", "label": "Center", "paper": "Center", "shared_runs": [
+        {"setting": "c10-d01-n20", "columns": ["c10-d01-n20", "c10-d01-n5"],
+         "paper_column": "CIFAR-10 | CNN | all settings (single value)"}]}
+    fedavg = {"method": "fedavg", "label": "FedAvg", "paper": "FedAvg"}
+    spec = {"name": "t5", "caption": "", "paper_table": "Table 5", "metric": "best_acc", "rows": [center, fedavg],
+            "columns": [{"setting": "c10-d01-n20", "label": "N(20)", "paper": "CIFAR-10 | CNN | D(0.1),N(20)"},
+                        {"setting": "c10-d01-n5", "label": "N(5)", "paper": "CIFAR-10 | CNN | D(0.1),N(5)"}]}
+    data = summary([("c10-d01-n20", "center", 0, 40.0), ("c10-d01-n20", "center", 1, 44.0),
+                    ("c10-d01-n20", "fedavg", 0, 30.0), ("c10-d01-n5", "fedavg", 0, 35.0)])
+    published = load_published(REPO / "config" / "paper" / "feddle.csv")
+    cells = render_table(spec, data, published, tmp_path / "t5", "paper").set_index(["row", "column"])
+    for column in ("N(20)", "N(5)"):
+        assert cells.loc[("Center", column), "setting"] == "c10-d01-n20"
+        assert cells.loc[("Center", column), "ours_mean"] == pytest.approx(42.0)
+        assert cells.loc[("Center", column), "paper_mean"] == pytest.approx(42.1)
+    assert cells.loc[("FedAvg", "N(5)"), "ours_mean"] == pytest.approx(35.0)
+    assert cells.loc[("FedAvg", "N(5)"), "setting"] == "c10-d01-n5"
+    assert "Center: one run (setting c10-d01-n20) fills N(20), N(5)" in (tmp_path / "t5.md").read_text()
+    # without `columns` a shared run fills every column
+    assert paper_key({}, {**center, "shared_runs": [{"setting": "c10-d01-n20", "paper_column": "all"}]},
+                     spec["columns"][1]) == ("Center", "all")

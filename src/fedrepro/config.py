@@ -261,20 +261,30 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         if wrong:
             fail(f"tables.{t}", f"metric {wrong[0]!r} does not exist for `source: {table['source']}` (target_* "
                  "metrics come from fine-tuning, `source: finetune`; the others from pre-training)")
+        column_settings = [c["setting"] for c in table["columns"]]
         for row in table["rows"]:
             for s in row.get("not_applicable", []):
                 known(f"tables.{t}.rows.not_applicable", s, study["settings"], "setting")
             for s in row.get("setting_methods", {}):
                 known(f"tables.{t}.rows.setting_methods", s, study["settings"], "setting")
+            filled: set[str] = set()
+            for i, shared in enumerate(row.get("shared_runs", [])):
+                key = f"tables.{t}.rows.{row['method']}.shared_runs.{i}"
+                known(f"{key}.setting", shared["setting"], study["settings"], "setting")
+                for s in shared.get("columns", column_settings):
+                    known(f"{key}.columns", s, column_settings, "column setting of the table")
+                    if s in filled:
+                        fail(f"{key}.columns", f"column setting {s!r} is already filled by another shared run")
+                    filled.add(s)
             for col in table["columns"]:
                 if col["setting"] in row.get("not_applicable", []):
                     continue
-                method = table_cell_method(row, col)
-                if (col["setting"], method) not in runs:
-                    fail(f"tables.{t}", f"cell ({method}, {col['setting']}) names a run the grid "
+                method, setting = table_cell_method(row, col), table_cell_setting(row, col)
+                if (setting, method) not in runs:
+                    fail(f"tables.{t}", f"cell ({method}, {setting}) names a run the grid "
                          "does not produce; add it to `grid` or remove it from the table")
-                if from_finetune and "target" not in study["settings"][col["setting"]]:
-                    fail(f"tables.{t}", f"setting {col['setting']!r} has no `target` to fine-tune on")
+                if from_finetune and "target" not in study["settings"][setting]:
+                    fail(f"tables.{t}", f"setting {setting!r} has no `target` to fine-tune on")
         for i, claim in enumerate(table["claims"]):
             for problem in claim_problems(claim, table):
                 fail(f"tables.{t}.claims.{i}", problem)
@@ -312,6 +322,16 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         elif fig["kind"] == "gain_grid":
             needed = {(fig["setting"], v["method"]) for v in study["sweeps"][fig["sweep"]]}
             needed.add((fig["setting"], fig["baseline"]))
+        elif fig["kind"] == "sweep_line":
+            for i, line in enumerate(fig["lines"]):
+                setting = line.get("setting", fig["setting"])
+                known(f"figures.{f}.lines.{i}.setting", setting, study["settings"], "setting")
+                if len(line["methods"]) != len(fig["x_values"]):
+                    fail(f"figures.{f}.lines.{i}.methods", f"{len(line['methods'])} methods for "
+                         f"{len(fig['x_values'])} x_values: one run per swept value")
+                needed |= {(setting, m) for m in line["methods"]}
+            if fig["x_scale"] == "log" and min(fig["x_values"]) <= 0:
+                fail(f"figures.{f}.x_scale", "a log axis needs positive x_values (categorical spaces them evenly)")
         elif fig["kind"] == "gain_lines":
             needed = {(p["setting"], m) for p in fig["points"] for ser in fig["series"]
                       for m in (ser["baseline"], ser["method"])}
@@ -338,6 +358,22 @@ def table_cell_method(row: dict, column: dict) -> str:
     SCAFFOLD + Disco on Fashion-MNIST, FedDyn + Disco elsewhere) stays one row."""
     method = row.get("setting_methods", {}).get(column["setting"], row["method"])
     return method + column.get("method_suffix", "")
+
+
+def table_shared_run(row: dict, column: dict) -> dict | None:
+    """The row's ``shared_runs`` entry that fills this column's cell, if any: one run shown in several columns
+    of a row whose method does not depend on what those columns vary (Feddle's Center trains on the server's
+    data only, so one run per data set and model fills every partition and delay column of its Table 5 row)."""
+    for shared in row.get("shared_runs", []):
+        if "columns" not in shared or column["setting"] in shared["columns"]:
+            return shared
+    return None
+
+
+def table_cell_setting(row: dict, column: dict) -> str:
+    """The setting whose runs fill a table cell: the column's, or the row's shared run's (``shared_runs``)."""
+    shared = table_shared_run(row, column)
+    return shared["setting"] if shared else column["setting"]
 
 
 def column_refs(column: dict) -> set[str]:

@@ -217,6 +217,12 @@ def figure(spec: dict, inputs: list[Path], out_stem: Path, log: Callable[[str], 
         path = seed_file(spec, Path(inputs[1]), TRUE_UPDATES, "logs no true update (set async.true_update)")
         with np.load(path) as f:
             render_update_cosine(spec, pd.read_csv(inputs[0]), {k: f[k] for k in f.files}, Path(out_stem))
+    elif kind == "sweep_line":  # summary.csv, and runs.csv for a metric derived from the curves (last_k_max_acc)
+        from fedrepro.report.derived import add_derived
+
+        as_table = {"name": spec["name"], "metric": spec["metric"], "columns": [{}]}
+        summary = add_derived(as_table, pd.read_csv(inputs[0]), pd.read_csv(inputs[1]))
+        figures.render_sweep_line(spec, summary, Path(out_stem))
     elif kind in ("partition", "class_histogram"):
         stats = {s["setting"]: json.loads(Path(p).read_text()) for s, p in zip(spec["settings"], inputs, strict=True)}
         render = {"partition": figures_feddisco.render_partition,

@@ -168,7 +168,7 @@ def table_runs(wildcards):
 
 def figure_inputs(wildcards):
     """runs.csv for curves, finetune_curves.csv for fine-tuning curves, partition stats for partition
-    plots, summary.csv for the rest."""
+    plots, summary.csv (and runs.csv: sweep_line) for the rest."""
     f = study_of(wildcards)["figures"][wildcards.figure]
     if f["kind"] == "curve":
         return [f"{RES}/{wildcards.study}/runs.csv"]
@@ -181,6 +181,8 @@ def figure_inputs(wildcards):
     if f["kind"] == "update_cosine":  # and the seed's true_update_cosines.npz
         return [f"{RES}/{wildcards.study}/runs.csv",
                 f"{RES}/{wildcards.study}/runs/{f['setting']}/{f['method']}/seeds.json"]
+    if f["kind"] == "sweep_line":  # and the curves, for a metric derived from them (last_k_max_acc)
+        return [f"{RES}/{wildcards.study}/summary.csv", f"{RES}/{wildcards.study}/runs.csv"]
     return [f"{RES}/{wildcards.study}/summary.csv"]
 
 

@@ -18,6 +18,7 @@ SUMMARY_WORDS = {
     "final_acc": "final (after the last round)",
     "best_acc": "best (over rounds)",
     "last_k_acc": "mean of the last k evaluations",
+    "last_k_max_acc": "maximum of the last k evaluations",
 }
 KINDS = {
     "curve": "{y} per round, one panel per setting, one colour per method (the same in every figure of every "
@@ -31,6 +32,8 @@ KINDS = {
                  "(mean over seeds of the {metric} accuracy)",
     "gain_lines": "accuracy gain of each method over its baseline across settings (mean over seeds of the "
                   "{metric} accuracy)",
+    "sweep_line": "{metric} test accuracy against a swept hyper-parameter, one line per series; points: mean "
+                  "over seeds, bars: ±1 sd",
     "per_class": "test accuracy per category, one colour per method; bars: mean over seeds, whiskers: ±1 sd",
     "update_cosine": "(a) the cosine of each client's update to the true update (the size-weighted mean of "
                      "every client's update from the same model, Sec. 2 of the paper) per round, one line per "

@@ -154,3 +154,72 @@ def render_curves(spec: dict, runs: pd.DataFrame, out_stem: Path) -> None:
         )
         fig.suptitle(figure_title(spec), wrap=True)  # long captions wrap, never clip
         save_figure(fig, out_stem)
+
+
+SWEEP_METRICS = {
+    "final_acc": "final test accuracy (%)",
+    "best_acc": "best test accuracy (%)",
+    "last_k_acc": "mean test accuracy over the last k evaluations (%)",
+    "last_k_max_acc": "max test accuracy over the last k evaluations (%)",
+}
+
+
+def sweep_points(spec: dict, summary: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per line label: one row per swept value, its x, the mean and sample sd over seeds of ``spec["metric"]``
+    and n (seeds with a value; diverged seeds left out). A value without runs keeps NaN (a gap in the line)."""
+    metric = spec["metric"]
+    for col in ("setting", "method", "status", metric):
+        if col not in summary.columns:
+            raise ValueError(f"figure {spec.get('name')}: summary lacks column {col!r}")
+    done = summary[(summary["status"] != "diverged") & summary[metric].notna()]
+    lines = {}
+    for line in spec["lines"]:
+        setting = line.get("setting", spec.get("setting"))
+        if len(line["methods"]) != len(spec["x_values"]):
+            raise ValueError(f"figure {spec.get('name')}: line {line['label']!r} has {len(line['methods'])} "
+                             f"methods for {len(spec['x_values'])} x_values")
+        rows = []
+        for x, method in zip(spec["x_values"], line["methods"], strict=True):
+            values = done.loc[(done["setting"] == setting) & (done["method"] == method), metric].astype(float)
+            rows.append({"x": x, "method": method, "mean": values.mean() if len(values) else math.nan,
+                         "sd": values.std(ddof=1) if len(values) > 1 else math.nan, "n": len(values)})
+        lines[line["label"]] = pd.DataFrame(rows)
+    if all(frame["n"].sum() == 0 for frame in lines.values()):
+        raise ValueError(f"figure {spec.get('name')}: no finished runs for any of its points")
+    return lines
+
+
+def render_sweep_line(spec: dict, summary: pd.DataFrame, out_stem: Path) -> None:
+    """Write ``out_stem``.png and .pdf: a metric against a swept hyper-parameter (Feddle's Figs. 8, 9), one
+    line per series (e.g. in-domain / out-of-domain server data), mean over seeds with ±1 sd error bars.
+
+    spec: name, caption, kind="sweep_line", metric (a per-run summary column), x_values (the swept values),
+    lines [{label, methods (one per x value), setting (default spec["setting"])}], x_label, optional y_label
+    and x_scale: "linear", "log" or "categorical" (evenly spaced, e.g. a sweep that includes 0 next to 1e-3).
+    """
+    lines = sweep_points(spec, summary)
+    x_scale = spec.get("x_scale", "linear")
+    if x_scale not in ("linear", "log", "categorical"):
+        raise ValueError(f"figure {spec.get('name')}: x_scale {x_scale!r} is not linear, log or categorical")
+    if x_scale == "log" and min(spec["x_values"]) <= 0:
+        raise ValueError(f"figure {spec.get('name')}: a log x axis needs positive x_values")
+    positions = list(range(len(spec["x_values"]))) if x_scale == "categorical" else list(spec["x_values"])
+    ns = sorted({int(n) for frame in lines.values() for n in frame["n"] if n})
+    n_text = f"n = {ns[0]}" if len(ns) == 1 else f"n = {ns[0]}–{ns[-1]}"
+    with mpl.rc_context(FIGURE_RC):
+        fig = new_figure(7.0, 4.4)
+        ax = fig.subplots()
+        # series are no methods (e.g. in- / out-of-domain server data): distinct colours and markers, not the
+        # methods' shared palette
+        for i, (label, frame) in enumerate(lines.items()):
+            ax.errorbar(positions, frame["mean"], yerr=frame["sd"].fillna(0.0), label=label,
+                        color=mpl.colormaps["tab10"](i % 10), marker="osD^v"[i % 5], capsize=3)
+        if x_scale == "log":
+            ax.set_xscale("log")
+        ax.set_xticks(positions, [f"{v:g}" for v in spec["x_values"]])
+        ax.minorticks_off()
+        ax.set_xlabel(spec.get("x_label", "swept value"))
+        ax.set_ylabel(spec.get("y_label", SWEEP_METRICS.get(spec["metric"], spec["metric"])))
+        ax.legend(loc="best", title=f"mean over seeds; bars: ±1 sd, {n_text}")
+        fig.suptitle(figure_title(spec), wrap=True)
+        save_figure(fig, out_stem)

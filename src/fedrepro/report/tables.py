@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedrepro.config import table_cell_method
+from fedrepro.config import table_cell_method, table_cell_setting, table_shared_run
 from fedrepro.report.collect import write_csv_atomic, write_text_atomic
 from fedrepro.report.derived import lower_is_better, metric_key
 from fedrepro.report.deviations import deviation_href, deviations_sentence
@@ -122,6 +122,10 @@ def paper_key(spec: dict, row: dict, column: dict) -> tuple[str, str] | None:
     layout differs from the paper's gives ``paper_key`` format strings over {row[...]} and {col[...]}
     (e.g. a transposed table: {"row": "{col[paper]}", "column": "{row[paper]}"})."""
     fmt = spec.get("paper_key") or {"row": "{row[paper]}", "column": "{col[paper]}"}
+    shared = table_shared_run(row, column)
+    if shared and "paper_column" in shared:
+        # a run shared by several columns sits beside the paper's one number for all of them
+        column = {**column, "paper": shared["paper_column"]}
     present = ({k: v for k, v in row.items() if v is not None}, {k: v for k, v in column.items() if v is not None})
     try:
         return fmt["row"].format(row=present[0], col=present[1]), fmt["column"].format(row=present[0], col=present[1])
@@ -140,12 +144,12 @@ def _build_cells(spec: dict, summary: pd.DataFrame, published: pd.DataFrame | No
     for r in spec["rows"]:
         line = []
         for c in spec["columns"]:
-            method, metric = cell_method(r, c), metric_key(spec, c)
-            cell = _Cell(method, c["setting"], r["label"], c["label"])
-            runs = summary[(summary["method"] == method) & (summary["setting"] == c["setting"])]
+            method, setting, metric = cell_method(r, c), table_cell_setting(r, c), metric_key(spec, c)
+            cell = _Cell(method, setting, r["label"], c["label"])
+            runs = summary[(summary["method"] == method) & (summary["setting"] == setting)]
             if "study" in runs.columns and runs["study"].nunique() > 1:
                 raise ValueError(
-                    f"table {spec['name']}: cell ({method}, {c['setting']}) mixes studies "
+                    f"table {spec['name']}: cell ({method}, {setting}) mixes studies "
                     f"{sorted(runs['study'].unique())}; pass one study's summary"
                 )
             cell.n_runs = len(runs)
@@ -200,6 +204,19 @@ def _footnotes(grid: list[list[_Cell]]) -> list[str]:
                     f"{DAGGER} {c.row}, {c.column}: {len(c.diverged_rounds)} of {c.n_runs} seeds "
                     f"{c.diverged_text()}; mean over the other {len(c.values)}."
                 )
+    return notes
+
+
+def _shared_run_notes(spec: dict) -> list[str]:
+    """Say which cells repeat one run (a row's ``shared_runs``), so equal numbers across columns read as
+    intended rather than as a copying mistake."""
+    notes = []
+    for r in spec["rows"]:
+        for shared in r.get("shared_runs", []):
+            labels = [c["label"] for c in spec["columns"] if table_shared_run(r, c) is shared]
+            if len(labels) > 1:
+                notes.append(f"{r['label']}: one run (setting {shared['setting']}) fills {', '.join(labels)}; "
+                             "it does not depend on what these columns vary.")
     return notes
 
 
@@ -406,7 +423,7 @@ def render_table(
         intro.append(f"“paper” is the published value from {paper}{spec['paper_table']}; Δ = ours − paper.")
     if scale == "embedded":
         intro.append(EMBEDDED_NOTE)
-    notes = _footnotes(grid)
+    notes = _shared_run_notes(spec) + _footnotes(grid)
     deviations = spec.get("deviations") or []
     # links relative to the table's folder: they hold wherever the results root lies in the checkout
     links = [(d, deviation_href(d, out_stem.parent)) for d in deviations]
