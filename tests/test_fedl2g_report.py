@@ -1,0 +1,91 @@
+"""FedL2G's report artifacts from tiny synthetic runs: Table 3's warm-up seconds (the paper's brackets) beside
+the per-round seconds after the warm-up, Fig. 1's negative effect and Fig. 4's panels per FedL2G variant."""
+
+from __future__ import annotations
+
+import warnings
+
+import pandas as pd
+import pytest
+from conftest import REPO
+
+from fedrepro.report.derived import add_derived, metric_key
+from fedrepro.report.published import load_published
+from fedrepro.report.tables import render_table
+
+PUBLISHED = REPO / "config" / "paper" / "fedl2g.csv"
+
+
+def summary(methods: list[str], seeds: int = 2) -> pd.DataFrame:
+    return pd.DataFrame([dict(study="fedl2g", setting="c100-dir", method=m, seed=k, status="complete",
+                              diverged_round=None, final_acc=40.0, best_acc=40.0, last_k_acc=40.0, last_k=3,
+                              seconds=1.0) for m in methods for k in range(seeds)])
+
+
+def cost_rows(method: str, seed: int, seconds: list[float], warmup: int | None) -> list[dict]:
+    """One evaluation row per round; ``warmup``: the method's warm-up rounds (None: it logs no flag)."""
+    return [dict(study="fedl2g", setting="c100-dir", method=method, seed=seed, round=r, test_acc=40.0,
+                 client_seconds=s, **({} if warmup is None else {"warmup": float(r <= warmup)}))
+            for r, s in enumerate(seconds, start=1)]
+
+
+TABLE3 = {
+    "name": "table3", "caption": "", "paper_table": "Table 3", "metric": "best_acc",
+    "rows": [{"method": "fedproto", "label": "FedProto", "paper": "FedProto"},
+             {"method": "fedl2g_f", "label": "FedL2G-f", "paper": "FedL2G-f"}],
+    "columns": [
+        {"setting": "c100-dir", "label": "all", "metric": "client_seconds", "reduce": "mean", "paper": None},
+        {"setting": "c100-dir", "label": "Client s", "metric": "client_seconds", "reduce": "mean",
+         "phase": "regular", "paper": "Computation (s) | Client"},
+        {"setting": "c100-dir", "label": "Client s (warm-up)", "metric": "client_seconds", "reduce": "mean",
+         "phase": "warmup", "paper": "Computation (s) | Client | warm-up (in brackets)"},
+    ],
+}
+
+
+def test_table3_splits_client_seconds_at_fedl2gs_warm_up_and_shows_the_bracketed_cells(tmp_path):
+    # FedL2G-f: 2 warm-up rounds at 1 s (feedback only), then 3 rounds at 4 s (training); FedProto: no warm-up
+    runs = pd.DataFrame(cost_rows("fedl2g_f", 0, [1, 1, 4, 4, 4], warmup=2)
+                        + cost_rows("fedl2g_f", 1, [2, 2, 6, 6, 6], warmup=2)
+                        + cost_rows("fedproto", 0, [3, 3, 3, 3, 5], warmup=None)
+                        + cost_rows("fedproto", 1, [3, 3, 3, 3, 5], warmup=None))
+    runs.loc[runs["method"] == "fedproto", "warmup"] = float("nan")  # runs.csv: an empty cell for other methods
+    keys = [metric_key(TABLE3, c) for c in TABLE3["columns"]]
+    assert keys == ["client_seconds@mean", "client_seconds@mean[regular]", "client_seconds@mean[warmup]"]
+    derived = add_derived(TABLE3, summary(["fedproto", "fedl2g_f"]), runs).set_index(["method", "seed"])
+    assert derived.loc[("fedl2g_f", 0), keys].tolist() == pytest.approx([2.8, 4.0, 1.0])
+    assert derived.loc[("fedl2g_f", 1), keys].tolist() == pytest.approx([4.4, 6.0, 2.0])
+    assert derived.loc[("fedproto", 0), keys[:2]].tolist() == pytest.approx([3.4, 3.4])  # all rows regular
+    assert pd.isna(derived.loc[("fedproto", 0), keys[2]])  # no warm-up: no number
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # FedProto's empty warm-up cell is not in the paper, and that is no typo
+        cells = render_table(TABLE3, derived.reset_index(), load_published(PUBLISHED), tmp_path / "t3", "paper")
+    cells = cells.set_index(["method", "column"])
+    assert cells.loc[("fedl2g_f", "Client s (warm-up)"), "ours_mean"] == pytest.approx(1.5)
+    assert cells.loc[("fedl2g_f", "Client s (warm-up)"), "paper_mean"] == pytest.approx(2.24)
+    assert cells.loc[("fedl2g_f", "Client s"), "paper_mean"] == pytest.approx(8.84)
+    assert cells.loc[("fedproto", "Client s (warm-up)"), "status"] == "missing"
+    proto_line = next(line for line in (tmp_path / "t3.md").read_text().splitlines() if line.startswith("| FedProto"))
+    assert proto_line.endswith("| 6.65 | -3.25 | — | — | — |")  # warm-up: ours, the paper's, the difference
+
+
+def test_a_misspelt_published_column_still_warns(tmp_path):
+    spec = {**TABLE3, "columns": [{**TABLE3["columns"][2], "paper": "Computation (s) | Clinet"}]}
+    runs = pd.DataFrame(cost_rows("fedl2g_f", 0, [1, 4], warmup=1) + cost_rows("fedl2g_f", 1, [1, 4], warmup=1)
+                        + cost_rows("fedproto", 0, [3, 3], warmup=None) + cost_rows("fedproto", 1, [3, 3], None))
+    derived = add_derived(spec, summary(["fedproto", "fedl2g_f"]), runs)
+    with pytest.warns(UserWarning, match="no published cell"):
+        render_table(spec, derived, load_published(PUBLISHED), tmp_path / "t", "paper")
+
+
+def test_a_phase_needs_a_mean_over_rows():
+    import yaml
+
+    from fedrepro.config import ConfigError, resolve_config
+
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    columns = config["studies"]["fedl2g"]["tables"]["table3"]["columns"]
+    assert [c.get("phase") for c in columns if c.get("metric") == "client_seconds"] == ["regular", "warmup"]
+    columns.append({"setting": "dir", "label": "x", "metric": "client_seconds", "round": 3, "phase": "warmup"})
+    with pytest.raises(ConfigError, match="reduce"):
+        resolve_config(config)
