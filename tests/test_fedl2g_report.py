@@ -89,3 +89,76 @@ def test_a_phase_needs_a_mean_over_rows():
     columns.append({"setting": "dir", "label": "x", "metric": "client_seconds", "round": 3, "phase": "warmup"})
     with pytest.raises(ConfigError, match="reduce"):
         resolve_config(config)
+
+
+def embeddings(space: str, dim: int, classes: int = 3, clients: int = 2, seed: int = 0) -> dict:
+    """A seed's embeddings.npz content: ``classes`` anchors and 4 samples per class and client near them."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    anchors = rng.normal(size=(classes, dim)) * 5
+    labels = np.repeat(np.arange(classes), 4 * clients)
+    return {"anchors": anchors.astype(np.float32), "space": np.array(space),
+            "features": (anchors[labels] + rng.normal(size=(len(labels), dim))).astype(np.float32),
+            "labels": labels, "clients": np.tile(np.repeat(np.arange(clients), 4), classes)}
+
+
+def test_fig4_shows_one_tsne_panel_per_fedl2g_variant(tmp_path, monkeypatch):
+    """The paper's Fig. 4 has (a) FedL2G-l, logit space, and (b) FedL2G-f, feature space: one figure job reads
+    both runs' embeddings (seed 1 of each) through the pipeline and draws a panel for each."""
+    import json
+
+    import numpy as np
+
+    from fedrepro import pipeline
+    from fedrepro.hetero.job import EMBEDDINGS
+    from fedrepro.report import figures_fedl2g
+
+    indexes = []
+    for method, space, dim in [("fedl2g_l", "logit", 3), ("fedl2g_f", "feature", 8)]:
+        for seed in (0, 1):
+            run = tmp_path / method / f"seed{seed}"
+            run.mkdir(parents=True)
+            np.savez(run / EMBEDDINGS, **embeddings(space, dim, seed=seed))
+        (tmp_path / method / "seeds.json").write_text(json.dumps(
+            {"runs": [{"seed": s, "dir": f"seed{s}"} for s in (0, 1)]}))
+        indexes.append(tmp_path / method / "seeds.json")
+    drawn = []
+    monkeypatch.setattr(figures_fedl2g, "save_figure", lambda fig, stem: drawn.append(fig))
+    spec = {"name": "fig4", "kind": "tsne", "caption": "Fig. 4", "setting": "c10-dir", "setting_label": "C10",
+            "seed": 1, "methods": [{"method": "fedl2g_l", "label": "FedL2G-l"},
+                                   {"method": "fedl2g_f", "label": "FedL2G-f"}]}
+    pipeline.figure(spec, indexes, tmp_path / "fig4", log=lambda _: None)
+    (fig,) = drawn
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == ["(a) FedL2G-l, logit space: 24 samples of 2 clients",
+                      "(b) FedL2G-f, feature space: 24 samples of 2 clients"]
+    for ax in fig.axes:  # circles for the samples, diamonds for the 3 guiding vectors
+        circles, diamonds = ax.collections
+        assert len(circles.get_offsets()) == 24 and len(diamonds.get_offsets()) == 3
+    # a method whose run wrote no embeddings (FedProto) names the method and the missing file
+    (tmp_path / "fedl2g_f" / "seed1" / EMBEDDINGS).unlink()
+    with pytest.raises(ValueError, match=r"fedl2g_f.*guiding vectors"):
+        pipeline.figure(spec, indexes, tmp_path / "fig4", log=lambda _: None)
+
+
+def test_the_paper_studys_fig4_reads_both_fedl2g_runs_and_a_tsne_takes_method_or_methods():
+    import copy
+
+    import yaml
+
+    from fedrepro.config import ConfigError, figure_runs_methods, resolve_config
+
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config["studies"]["fedl2g"] = str(REPO / "config" / "studies" / "fedl2g.yaml")
+    paper = resolve_config(copy.deepcopy(config))["studies"]["fedl2g"]
+    assert figure_runs_methods(paper["figures"]["fig4"]) == ["fedl2g_l", "fedl2g_f"]
+    assert figure_runs_methods({"kind": "tsne", "setting": "x", "method": "fedl2g_f"}) == ["fedl2g_f"]
+    both = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    both["studies"]["fedl2g"]["figures"]["fig4"]["method"] = "fedl2g_f"
+    with pytest.raises(ConfigError, match="fig4"):
+        resolve_config(both)
+    unknown = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    unknown["studies"]["fedl2g"]["figures"]["fig4"]["methods"] = ["fedl2g_l", "fedl2g"]
+    with pytest.raises(ConfigError, match="fig4"):
+        resolve_config(unknown)

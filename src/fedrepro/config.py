@@ -297,7 +297,7 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         elif fig["kind"] == "per_class":
             needed = {(fig["setting"], m) for m in fig["methods"]}
         elif fig["kind"] in ("tsne", "update_cosine"):
-            needed = {(fig["setting"], fig["method"])}
+            needed = {(fig["setting"], m) for m in figure_runs_methods(fig)}
             if fig["kind"] == "update_cosine":
                 needed |= {(s, fig["method"]) for s in fig["settings"]}
                 for s in sorted({fig["setting"], *fig["settings"]}):
@@ -315,6 +315,12 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         for s, m in sorted(needed):
             if (s, m) not in runs:
                 fail(f"figures.{f}", f"({m}, {s}) is not a run of the grid")
+
+
+def figure_runs_methods(fig: dict) -> list[str]:
+    """The methods whose runs a one-run-per-panel figure reads: a tsne's `methods` (one panel each, FedL2G
+    Fig. 4's -l and -f) or its single `method`; an update_cosine's `method`."""
+    return list(fig["methods"]) if fig["kind"] == "tsne" and "methods" in fig else [fig["method"]]
 
 
 def check_deviations(ids: list[str], key: str, fail) -> None:

@@ -37,7 +37,8 @@ KINDS = {
                      "setting: mean over clients, band from the smallest to the largest, each averaged over "
                      "seeds; (b) the cosine between the true updates of two rounds, seed {seed}",
     "tsne": "a t-SNE of the server's per-class vectors (diamonds) among the clients' own representations of "
-            "their test samples (circles, at most 10 per class and client), one colour per class, seed {seed}",
+            "their test samples (circles, at most 10 per class and client, in the vectors' space: logits or "
+            "features), one colour per class, one panel per method, seed {seed}",
 }
 Y_WORDS = QUANTITIES
 
