@@ -3,6 +3,7 @@ the per-round seconds after the warm-up, Fig. 1's negative effect and Fig. 4's p
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import pandas as pd
@@ -162,3 +163,65 @@ def test_the_paper_studys_fig4_reads_both_fedl2g_runs_and_a_tsne_takes_method_or
     unknown["studies"]["fedl2g"]["figures"]["fig4"]["methods"] = ["fedl2g_l", "fedl2g"]
     with pytest.raises(ConfigError, match="fig4"):
         resolve_config(unknown)
+
+
+def test_negative_effect_is_the_largest_rise_above_the_lowest_earlier_loss():
+    from fedrepro.report.figures_fedl2g import negative_effect
+
+    assert negative_effect([3.0, 2.0, 2.5, 1.0, 1.8, 1.2]) == pytest.approx(0.8)  # 1.8 - 1.0, not 2.5 - 2.0
+    assert negative_effect([3.0, 2.0, 1.0]) == 0.0  # never rises
+    assert negative_effect([None, float("nan"), 2.0, 2.4]) == pytest.approx(0.4)  # warm-up rounds: no loss
+    assert math.isnan(negative_effect([float("nan"), 2.0]))
+
+
+def test_fig1_bars_the_negative_effect_and_best_accuracy_per_method(tmp_path, monkeypatch):
+    from fedrepro import pipeline
+    from fedrepro.report import figures_fedl2g
+
+    curves = {  # (method, seed): (train_ce per round, test_acc per round)
+        ("fed_distill", 0): ([2.0, 1.5, 2.1, 1.2], [10, 20, 30, 40]),
+        ("fed_distill", 1): ([2.0, 1.5, 1.9, 1.2], [10, 20, 30, 44]),
+        ("fedl2g_f", 0): ([None, 2.0, 1.6, 1.7], [5, 15, 46, 45]),
+        ("fedl2g_f", 1): ([None, 2.0, 1.6, 1.5], [5, 15, 48, 47]),
+        ("fedproto", 0): ([2.0, 1.0, 1.0, 1.0], [10, 10, 10, 10]),  # another setting: not drawn
+    }
+    runs = pd.DataFrame([dict(study="fedl2g", setting="other" if m == "fedproto" else "c100-dir", method=m,
+                              seed=k, round=r, train_ce=ce, test_acc=acc)
+                         for (m, k), (ces, accs) in curves.items()
+                         for r, (ce, acc) in enumerate(zip(ces, accs, strict=True), start=1)])
+    runs.to_csv(tmp_path / "runs.csv", index=False)
+    spec = {"name": "fig1", "kind": "negative_effect", "caption": "Fig. 1", "y": "train_ce",
+            "setting": "c100-dir", "setting_label": "Cifar100 Dirichlet",
+            "methods": [{"method": "fed_distill", "label": "FedDistill"}, {"method": "fedl2g_f", "label": "FedL2G-f"}]}
+    per_seed = figures_fedl2g.negative_effects(spec, runs).set_index(["method", "seed"])
+    assert per_seed["negative_effect"].tolist() == pytest.approx([0.6, 0.4, 0.1, 0.0])
+    assert per_seed["best_acc"].tolist() == [40, 44, 46, 48]
+    drawn = []
+    monkeypatch.setattr(figures_fedl2g, "save_figure", lambda fig, stem: drawn.append(fig))
+    pipeline.figure(spec, [tmp_path / "runs.csv"], tmp_path / "fig1", log=lambda _: None)
+    (fig,) = drawn
+    effect, accuracy = fig.axes
+    assert [t.get_text() for t in effect.get_xticklabels()] == ["FedDistill", "FedL2G-f"]
+    assert [b.get_height() for b in effect.patches] == pytest.approx([0.5, 0.05])  # mean over seeds
+    assert [b.get_height() for b in accuracy.patches] == pytest.approx([42.0, 47.0])
+    with pytest.raises(ValueError, match="no runs"):
+        figures_fedl2g.negative_effects({**spec, "setting": "c10-dir"}, runs)
+
+
+def test_fig1_is_declared_at_both_scales_and_needs_a_loss():
+    import copy
+
+    import yaml
+
+    from fedrepro.config import ConfigError, resolve_config
+
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    embedded = resolve_config(copy.deepcopy(config))["studies"]["fedl2g"]["figures"]["fig1"]
+    assert (embedded["kind"], embedded["paper_figure"], embedded["y"]) == ("negative_effect", "Figure 1", "train_ce")
+    paper = copy.deepcopy(config)
+    paper["studies"]["fedl2g"] = str(REPO / "config" / "studies" / "fedl2g.yaml")
+    fig1 = resolve_config(paper)["studies"]["fedl2g"]["figures"]["fig1"]
+    assert fig1["setting"] == "c100-dir" and fig1["methods"] == ["fed_distill", "fedproto", "fedl2g_f"]
+    config["studies"]["fedl2g"]["figures"]["fig1"]["y"] = "test_acc"
+    with pytest.raises(ConfigError, match=r"fig1.y: a negative effect is the rise of a loss"):
+        resolve_config(config)

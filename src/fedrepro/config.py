@@ -294,8 +294,11 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
             for s in fig["settings"]:
                 if "target" not in study["settings"][s]:
                     fail(f"figures.{f}", f"setting {s!r} has no `target` to fine-tune on")
-        elif fig["kind"] == "per_class":
+        elif fig["kind"] in ("per_class", "negative_effect"):
             needed = {(fig["setting"], m) for m in fig["methods"]}
+            if fig["kind"] == "negative_effect" and fig["y"] not in LOSSES:
+                fail(f"figures.{f}.y", f"a negative effect is the rise of a loss: one of {LOSSES}, "
+                                       f"not {fig['y']!r}")
         elif fig["kind"] in ("tsne", "update_cosine"):
             needed = {(fig["setting"], m) for m in figure_runs_methods(fig)}
             if fig["kind"] == "update_cosine":
@@ -315,6 +318,9 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         for s, m in sorted(needed):
             if (s, m) not in runs:
                 fail(f"figures.{f}", f"({m}, {s}) is not a run of the grid")
+
+
+LOSSES = ("train_ce", "train_loss", "test_loss")  # per-round losses of runs.csv (a negative_effect's y)
 
 
 def figure_runs_methods(fig: dict) -> list[str]:

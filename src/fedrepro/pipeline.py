@@ -193,7 +193,7 @@ def figure(spec: dict, inputs: list[Path], out_stem: Path, log: Callable[[str], 
     """Render one figure; what it reads depends on its kind (runs.csv, summary.csv or partition stats)."""
     import pandas as pd
 
-    from fedrepro.report import figures, figures_feddisco
+    from fedrepro.report import figures, figures_feddisco, figures_fedl2g
 
     kind = spec["kind"]
     if kind == "finetune_curve":  # target accuracy per fine-tuning epoch (finetune_curves.csv)
@@ -228,7 +228,8 @@ def figure(spec: dict, inputs: list[Path], out_stem: Path, log: Callable[[str], 
     else:
         render = {"curve": figures.render_curves, "gain_grid": figures_feddisco.render_gain_grid,
                   "gain_lines": figures_feddisco.render_gain_lines,
-                  "per_class": figures_feddisco.render_per_class}[kind]
+                  "per_class": figures_feddisco.render_per_class,
+                  "negative_effect": figures_fedl2g.render_negative_effect}[kind]
         render(spec, pd.read_csv(inputs[0]), Path(out_stem))
     log(f"{spec['name']} ({kind}) -> {out_stem}.{{png,pdf}}")
 

@@ -132,7 +132,7 @@ def figure_spec(study, name):
         spec["settings"] = [{"setting": k, "label": label_of(s, "settings", k)} for k in f["settings"]]
     if "methods" in f:
         spec["methods"] = [{"method": k, "label": label_of(s, "methods", k)} for k in f["methods"]]
-    if f["kind"] in ("tsne", "update_cosine"):
+    if f["kind"] in ("tsne", "update_cosine", "negative_effect"):
         spec["setting_label"] = label_of(s, "settings", f["setting"])
     if f["kind"] == "tsne":  # one panel per method
         spec["methods"] = [{"method": m, "label": label_of(s, "methods", m)} for m in figure_runs_methods(f)]
@@ -171,10 +171,10 @@ def table_runs(wildcards):
 
 
 def figure_inputs(wildcards):
-    """runs.csv for curves, finetune_curves.csv for fine-tuning curves, partition stats for partition
-    plots, summary.csv for the rest."""
+    """runs.csv for curves and negative effects, finetune_curves.csv for fine-tuning curves, partition stats
+    for partition plots, summary.csv for the rest."""
     f = study_of(wildcards)["figures"][wildcards.figure]
-    if f["kind"] == "curve":
+    if f["kind"] in ("curve", "negative_effect"):
         return [f"{RES}/{wildcards.study}/runs.csv"]
     if f["kind"] == "finetune_curve":
         return [f"{RES}/{wildcards.study}/finetune_curves.csv"]
