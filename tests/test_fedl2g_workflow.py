@@ -18,7 +18,8 @@ def test_tiny_hetero_pipeline_runs_end_to_end(tmp_path):
     proc = snakemake("--cores", "2", "--directory", str(tmp_path), "--configfile", str(config), timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = tmp_path / "results" / "fedl2g"
-    for path in ["tables/t1.md", "tables/t3.csv", "figures/fig3.png", "figures/fig4.png", "summary.csv", "runs.csv"]:
+    for path in ["tables/t1.md", "tables/t3.csv", "figures/fig1.png", "figures/fig3.png", "figures/fig4.png",
+                 "summary.csv", "runs.csv"]:
         assert (out / path).stat().st_size > 0, path
 
     # pool_test: the clients share train + test of the prepared digits (1437 + 360), each re-splitting its own
@@ -45,3 +46,8 @@ def test_tiny_hetero_pipeline_runs_end_to_end(tmp_path):
     up = t3[(t3["method"] == "fedproto") & (t3["column"] == "Up. MB")]["ours_mean"].iloc[0]
     assert up == pytest.approx(proto["round_bytes_up"].mean() * 1e-6)
     assert up > 0
+    # the warm-up column: FedL2G-f's one warm-up round, nothing for FedProto (no warm-up)
+    warm = t3[t3["column"] == "Client s (warm-up)"].set_index("method")
+    l2g_warm = runs[(runs["method"] == "fedl2g_f") & (runs["warmup"] == 1)].groupby("seed")["client_seconds"].mean()
+    assert warm.loc["fedl2g_f", "ours_mean"] == pytest.approx(l2g_warm.mean(), rel=1e-6)
+    assert warm.loc["fedl2g_f", "paper_mean"] == pytest.approx(2.24) and warm.loc["fedproto", "status"] == "missing"

@@ -307,10 +307,13 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
             for s in fig["settings"]:
                 if "target" not in study["settings"][s]:
                     fail(f"figures.{f}", f"setting {s!r} has no `target` to fine-tune on")
-        elif fig["kind"] == "per_class":
+        elif fig["kind"] in ("per_class", "negative_effect"):
             needed = {(fig["setting"], m) for m in fig["methods"]}
+            if fig["kind"] == "negative_effect" and fig["y"] not in LOSSES:
+                fail(f"figures.{f}.y", f"a negative effect is the rise of a loss: one of {LOSSES}, "
+                                       f"not {fig['y']!r}")
         elif fig["kind"] in ("tsne", "update_cosine"):
-            needed = {(fig["setting"], fig["method"])}
+            needed = {(fig["setting"], m) for m in figure_runs_methods(fig)}
             if fig["kind"] == "update_cosine":
                 needed |= {(s, fig["method"]) for s in fig["settings"]}
                 for s in sorted({fig["setting"], *fig["settings"]}):
@@ -338,6 +341,15 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         for s, m in sorted(needed):
             if (s, m) not in runs:
                 fail(f"figures.{f}", f"({m}, {s}) is not a run of the grid")
+
+
+LOSSES = ("train_ce", "train_loss", "test_loss")  # per-round losses of runs.csv (a negative_effect's y)
+
+
+def figure_runs_methods(fig: dict) -> list[str]:
+    """The methods whose runs a one-run-per-panel figure reads: a tsne's `methods` (one panel each, FedL2G
+    Fig. 4's -l and -f) or its single `method`; an update_cosine's `method`."""
+    return list(fig["methods"]) if fig["kind"] == "tsne" and "methods" in fig else [fig["method"]]
 
 
 def check_deviations(ids: list[str], key: str, fail) -> None:

@@ -193,21 +193,24 @@ def figure(spec: dict, inputs: list[Path], out_stem: Path, log: Callable[[str], 
     """Render one figure; what it reads depends on its kind (runs.csv, summary.csv or partition stats)."""
     import pandas as pd
 
-    from fedrepro.report import figures, figures_feddisco
+    from fedrepro.report import figures, figures_feddisco, figures_fedl2g
 
     kind = spec["kind"]
     if kind == "finetune_curve":  # target accuracy per fine-tuning epoch (finetune_curves.csv)
         figures.render_curves({**spec, "x": "epoch"}, pd.read_csv(inputs[0]), Path(out_stem))
-    elif kind == "tsne":  # one seed's anchors and client representations, beside its summary.json
+    elif kind == "tsne":  # per method, one seed's anchors and client representations, beside its summary.json
         import numpy as np
 
         from fedrepro.hetero.job import EMBEDDINGS
         from fedrepro.report.figures_fedl2g import render_tsne
 
-        path = seed_file(spec, Path(inputs[0]), EMBEDDINGS,
-                         "holds no server vectors to embed (FedL2G's guiding vectors)")
-        with np.load(path) as f:
-            render_tsne(spec, {k: f[k] for k in f.files}, Path(out_stem))
+        panels = []
+        for method, index in zip(spec["methods"], inputs, strict=True):  # one seeds.json per method
+            path = seed_file({**spec, "method": method["method"]}, Path(index), EMBEDDINGS,
+                             "holds no server vectors to embed (FedL2G's guiding vectors)")
+            with np.load(path) as f:
+                panels.append({k: f[k] for k in f.files})
+        render_tsne(spec, panels, Path(out_stem))
     elif kind == "update_cosine":  # runs.csv and one seed's true-update cosines, beside its summary.json
         import numpy as np
 
@@ -231,7 +234,8 @@ def figure(spec: dict, inputs: list[Path], out_stem: Path, log: Callable[[str], 
     else:
         render = {"curve": figures.render_curves, "gain_grid": figures_feddisco.render_gain_grid,
                   "gain_lines": figures_feddisco.render_gain_lines,
-                  "per_class": figures_feddisco.render_per_class}[kind]
+                  "per_class": figures_feddisco.render_per_class,
+                  "negative_effect": figures_fedl2g.render_negative_effect}[kind]
         render(spec, pd.read_csv(inputs[0]), Path(out_stem))
     log(f"{spec['name']} ({kind}) -> {out_stem}.{{png,pdf}}")
 

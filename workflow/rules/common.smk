@@ -11,6 +11,7 @@ sys.path.insert(0, SRC)
 
 from fedrepro.config import (  # noqa: E402
     ConfigError,
+    figure_runs_methods,
     finetune_spec,
     grid_runs,
     label_of,
@@ -131,8 +132,11 @@ def figure_spec(study, name):
         spec["settings"] = [{"setting": k, "label": label_of(s, "settings", k)} for k in f["settings"]]
     if "methods" in f:
         spec["methods"] = [{"method": k, "label": label_of(s, "methods", k)} for k in f["methods"]]
-    if f["kind"] in ("tsne", "update_cosine"):
+    if f["kind"] in ("tsne", "update_cosine", "negative_effect"):
         spec["setting_label"] = label_of(s, "settings", f["setting"])
+    if f["kind"] == "tsne":  # one panel per method
+        spec["methods"] = [{"method": m, "label": label_of(s, "methods", m)} for m in figure_runs_methods(f)]
+    if f["kind"] == "update_cosine":
         spec["method_label"] = label_of(s, "methods", f["method"])
     if "series" in f:
         spec["series"] = [{"label": label_of(s, "methods", x["method"]), **x} for x in f["series"]]
@@ -167,17 +171,17 @@ def table_runs(wildcards):
 
 
 def figure_inputs(wildcards):
-    """runs.csv for curves, finetune_curves.csv for fine-tuning curves, partition stats for partition
-    plots, summary.csv (and runs.csv: sweep_line) for the rest."""
+    """runs.csv for curves and negative effects, finetune_curves.csv for fine-tuning curves, partition stats
+    for partition plots, summary.csv (and runs.csv: sweep_line) for the rest."""
     f = study_of(wildcards)["figures"][wildcards.figure]
-    if f["kind"] == "curve":
+    if f["kind"] in ("curve", "negative_effect"):
         return [f"{RES}/{wildcards.study}/runs.csv"]
     if f["kind"] == "finetune_curve":
         return [f"{RES}/{wildcards.study}/finetune_curves.csv"]
     if f["kind"] in ("partition", "class_histogram"):
         return [f"{RES}/{wildcards.study}/partitions/{s}/seed{f['seed']}.json" for s in f["settings"]]
-    if f["kind"] == "tsne":  # the train job's index; the seed's embeddings.npz lies beside its summary
-        return [f"{RES}/{wildcards.study}/runs/{f['setting']}/{f['method']}/seeds.json"]
+    if f["kind"] == "tsne":  # per method, the train job's index; the seed's embeddings.npz lies beside its summary
+        return [f"{RES}/{wildcards.study}/runs/{f['setting']}/{m}/seeds.json" for m in figure_runs_methods(f)]
     if f["kind"] == "update_cosine":  # and the seed's true_update_cosines.npz
         return [f"{RES}/{wildcards.study}/runs.csv",
                 f"{RES}/{wildcards.study}/runs/{f['setting']}/{f['method']}/seeds.json"]

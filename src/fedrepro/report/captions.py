@@ -39,8 +39,12 @@ KINDS = {
                      "every client's update from the same model, Sec. 2 of the paper) per round, one line per "
                      "setting: mean over clients, band from the smallest to the largest, each averaged over "
                      "seeds; (b) the cosine between the true updates of two rounds, seed {seed}",
+    "negative_effect": "(a) the negative effect, the largest rise of the {y} above its lowest value in earlier "
+                       "rounds (rounds without training skipped), and (b) the best test accuracy over rounds, one "
+                       "bar per method; bars: mean over seeds, whiskers: ±1 sd",
     "tsne": "a t-SNE of the server's per-class vectors (diamonds) among the clients' own representations of "
-            "their test samples (circles, at most 10 per class and client), one colour per class, seed {seed}",
+            "their test samples (circles, at most 10 per class and client, in the vectors' space: logits or "
+            "features), one colour per class, one panel per method, seed {seed}",
 }
 Y_WORDS = QUANTITIES
 

@@ -2,7 +2,9 @@
 rounds to reach a target accuracy (FedDisco Tables 3/10), a metric at a given round (Table 12), a per-round
 cost averaged over the run, optionally rescaled (FedL2G Table 3: MB up/down, client/server seconds per round),
 the maximum over the last k evaluations (Feddle's reported number) and the sd over the last k evaluations
-(FedDisco Table 10's ±, a spread over rounds within one run, not over seeds)."""
+(FedDisco Table 10's ±, a spread over rounds within one run, not over seeds). A per-round cost may be averaged
+over one phase of the run only (FedL2G Table 3: seconds per round of the warm-up rounds, in the paper's
+brackets, and of the rounds after it, the reference code's per-round time)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,10 @@ LOWER_IS_BETTER = ("rounds_to_", "client_acc_var", "last_k_sd_acc", "bound", "ro
 LAST_K_MAX = "last_k_max_acc"
 LAST_K_SD = "last_k_sd_acc"
 BOUND = "bound"  # FedDisco Table 6's simulated bound, a column of the simulation's own frame
+# A method with a warm-up period logs this per evaluation row (FedL2G: 1 while the clients only send feedback,
+# 0 once they train); a run without it has no warm-up, so all its rows are "regular".
+WARMUP = "warmup"
+PHASES = ("warmup", "regular")
 
 
 def metric_key(spec: dict, column: dict) -> str:
@@ -31,8 +37,9 @@ def metric_key(spec: dict, column: dict) -> str:
     if metric in SUMMARY_METRICS or metric in (LAST_K_MAX, LAST_K_SD, BOUND):
         return metric
     if column.get("reduce") == "mean":
-        scale = column.get("scale", 1)
-        return f"{metric}@mean" + ("" if scale == 1 else f"*{scale:g}")
+        scale, phase = column.get("scale", 1), column.get("phase")
+        return (f"{metric}@mean" + ("" if phase is None else f"[{phase}]")
+                + ("" if scale == 1 else f"*{scale:g}"))
     if column.get("round") is None:
         raise ValueError(f"table {spec['name']}: metric {metric} of column {column.get('label')!r} needs a round")
     return f"{metric}@{column['round']}"
@@ -66,6 +73,19 @@ def last_k_sd(curve: pd.DataFrame, k: int) -> float:
     return float(last.std(ddof=1)) if len(last) > 1 else math.nan
 
 
+def phase_rows(curve: pd.DataFrame, phase: str | None) -> pd.DataFrame:
+    """The evaluation rows of one phase of a run: ``warmup`` (rows its method flags as warm-up; none for a
+    method without one, so the mean is NaN and the cell shows no number), ``regular`` (every other row) or
+    None (all rows). A row's costs average the rounds since the previous evaluation, so the split is exact
+    when every round is evaluated (eval_every 1, the paper scale)."""
+    if phase is None:
+        return curve
+    if phase not in PHASES:
+        raise ValueError(f"phase {phase!r} is not one of {PHASES}")
+    warm = curve[WARMUP].fillna(0).astype(float) > 0 if WARMUP in curve.columns else pd.Series(False, curve.index)
+    return curve[warm] if phase == "warmup" else curve[~warm]
+
+
 def add_derived(spec: dict, summary: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """``summary`` with one more column for every derived metric the table's columns name."""
     keys = {metric_key(spec, c): c for c in spec["columns"]}
@@ -92,7 +112,8 @@ def add_derived(spec: dict, summary: pd.DataFrame, runs: pd.DataFrame) -> pd.Dat
                     raise ValueError(f"table {spec['name']}: runs.csv has no column {metric!r}")
                 if column.get("reduce") == "mean":
                     # each evaluation row holds the mean over the rounds since the previous one
-                    values.append(float(curve[metric].mean()) * column.get("scale", 1))
+                    rows = phase_rows(curve, column.get("phase"))
+                    values.append(float(rows[metric].mean()) * column.get("scale", 1) if len(rows) else math.nan)
                 else:
                     values.append(at_round(curve, metric, column["round"]))
         out[key] = values
