@@ -249,6 +249,9 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
                 fail(f"settings.{s} / methods.{m}: training.{key}",
                      f"must be {value!r} in a `federation: {kind}` study ({why}), got {training[key]!r}")
     for t, table in study["tables"].items():
+        for j, col in enumerate(table["columns"]):
+            for problem in average_column_problems(table, col):
+                fail(f"tables.{t}.columns.{j}", problem)
         if table["source"] == "simulation":
             if table["metric"] != "bound":
                 fail(f"tables.{t}.metric", "a `source: simulation` table shows the metric 'bound'")
@@ -277,7 +280,7 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
                         fail(f"{key}.columns", f"column setting {s!r} is already filled by another shared run")
                     filled.add(s)
             for col in table["columns"]:
-                if col["setting"] in row.get("not_applicable", []):
+                if "average_of" in col or col["setting"] in row.get("not_applicable", []):
                     continue
                 method, setting = table_cell_method(row, col), table_cell_setting(row, col)
                 if (setting, method) not in runs:
@@ -389,8 +392,54 @@ def table_cell_setting(row: dict, column: dict) -> str:
 
 
 def column_refs(column: dict) -> set[str]:
-    """The names a claim may call a table column by: its `label` (if given) and its `setting`."""
-    return {column["setting"], *([column["label"]] if column.get("label") else [])}
+    """The names a claim (or an `average_of`) may call a table column by: its `label` (if given) and its
+    `setting` (an averaging column has none)."""
+    return {*([column["setting"]] if "setting" in column else []), *([column["label"]] if column.get("label") else [])}
+
+
+# what makes two columns' numbers the same kind of number: an average over columns mixes none of them
+_COLUMN_NUMBER_KEYS = ("metric", "round", "reduce", "scale", "paper_value")
+# keys that choose a column's runs or number, which an averaging column takes from the columns it averages
+_RUN_KEYS = ("setting", "method_suffix", "metric", "round", "reduce", "scale")
+
+
+def average_sources(table: dict, column: dict) -> list[int]:
+    """Indices (in ``table["columns"]``) of the columns an averaging column's `average_of` names, by label or
+    setting; raises ValueError unless each name picks exactly one column that is not itself an average."""
+    out = []
+    for name in column["average_of"]:
+        hits = [j for j, c in enumerate(table["columns"]) if "average_of" not in c and name in column_refs(c)]
+        if len(hits) != 1:
+            known = sorted({r for c in table["columns"] if "average_of" not in c for r in column_refs(c)})
+            hint = did_you_mean(name, known) if not hits else " (name them by their labels)"
+            raise ValueError(f"average_of: {name!r} must name exactly one (non-averaging) column of the table, "
+                             f"it names {len(hits)}{hint}; columns: {known}")
+        out.append(hits[0])
+    return out
+
+
+def average_column_problems(table: dict, column: dict) -> list[str]:
+    """What is wrong with one table column's choice between a run (`setting`) and an average over other
+    columns of its row (`average_of`, the papers' "Average" columns)."""
+    if ("setting" in column) == ("average_of" in column):
+        return ["a column needs exactly one of `setting` (its runs) or `average_of` (columns of the table)"]
+    if "setting" in column:
+        return []
+    problems = [f"an averaging column takes {key!r} from the columns it averages; remove it"
+                for key in _RUN_KEYS if key in column]
+    if not column.get("label"):
+        problems.append("an averaging column needs a `label` (it has no setting to take one from)")
+    if column.get("paper_value", "mean") != "mean":
+        problems.append("an averaging column compares with a published mean (`paper_value: mean`)")
+    try:
+        sources = average_sources(table, column)
+    except ValueError as err:
+        return [*problems, str(err)]
+    kinds = {tuple((key, table["columns"][j].get(key)) for key in _COLUMN_NUMBER_KEYS) for j in sources}
+    if len(kinds) > 1:
+        problems.append(f"average_of: the columns {column['average_of']} show different kinds of numbers "
+                        f"({', '.join(_COLUMN_NUMBER_KEYS)} differ); an average needs one kind")
+    return problems
 
 
 def claim_problems(claim: dict, table: dict) -> list[str]:

@@ -109,7 +109,9 @@ def run_plateaus(runs: pd.DataFrame, summary: pd.DataFrame) -> tuple[list[RunPla
 def accuracy_cells(spec: dict, cells: pd.DataFrame) -> list[CellSpread]:
     """The table's accuracy cells (cost columns such as MB or seconds left out) with their seed sd."""
     n_cols = len(spec["columns"])
-    accuracy_cols = {j for j, c in enumerate(spec["columns"]) if metric_key(spec, c).endswith("_acc")}
+    # an `average_of` column is no cell of runs: its spread restates that of the cells it averages
+    accuracy_cols = {j for j, c in enumerate(spec["columns"])
+                     if "average_of" not in c and metric_key(spec, c).endswith("_acc")}
     out = []
     for i, cell in enumerate(cells.itertuples(index=False)):
         if i % n_cols not in accuracy_cols or cell.status not in ("ok", "partial") or cell.n_seeds < 2:

@@ -12,6 +12,7 @@ import math
 
 import pandas as pd
 
+from fedrepro.config import average_sources
 from fedrepro.report.collect import KEYS
 
 # per-run columns of summary.csv, and of finetune.csv for the fine-tuning tables (source: finetune)
@@ -28,7 +29,10 @@ PHASES = ("warmup", "regular")
 
 
 def metric_key(spec: dict, column: dict) -> str:
-    """The summary column a table cell reads: e.g. best_acc, rounds_to_55 or client_acc_var@10."""
+    """The summary column a table cell reads: e.g. best_acc, rounds_to_55 or client_acc_var@10; an averaging
+    column's is that of the columns it averages (one kind of number, checked with the study)."""
+    if "average_of" in column:
+        return metric_key(spec, spec["columns"][average_sources(spec, column)[0]])
     metric = column.get("metric") or spec["metric"]
     if metric == "rounds_to_acc":
         if spec.get("target_acc") is None:
@@ -88,7 +92,8 @@ def phase_rows(curve: pd.DataFrame, phase: str | None) -> pd.DataFrame:
 
 def add_derived(spec: dict, summary: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """``summary`` with one more column for every derived metric the table's columns name."""
-    keys = {metric_key(spec, c): c for c in spec["columns"]}
+    # an averaging column reads no runs: the cells it averages have theirs
+    keys = {metric_key(spec, c): c for c in spec["columns"] if "average_of" not in c}
     derived = {k: c for k, c in keys.items() if k not in SUMMARY_METRICS}
     if not derived:
         return summary

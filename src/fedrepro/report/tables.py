@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedrepro.config import table_cell_method, table_cell_setting, table_shared_run
+from fedrepro.config import average_sources, table_cell_method, table_cell_setting, table_shared_run
 from fedrepro.report.collect import write_csv_atomic, write_text_atomic
 from fedrepro.report.derived import lower_is_better, metric_key
 from fedrepro.report.deviations import deviation_href, deviations_sentence
@@ -57,6 +57,7 @@ class _Cell:
     column: str
     n_runs: int = 0
     values: list[float] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)  # the seed of each of `values`
     diverged_rounds: list[int | None] = field(default_factory=list)
     paper: tuple[float, float | None] | None = None
     bold: bool = False
@@ -77,12 +78,12 @@ class _Cell:
         n = len(self.values)
         if n < 2:
             return math.nan
-        m = self.mean
+        m = sum(self.values) / n  # not self.mean: an average cell's mean is over its cells' own seeds
         return math.sqrt(sum((v - m) ** 2 for v in self.values) / (n - 1))
 
     @property
     def diff(self) -> float:
-        return self.mean - self.paper[0] if self.paper and self.values else math.nan
+        return self.mean - self.paper[0] if self.paper and self.status in ("ok", "partial") else math.nan
 
     def diverged_text(self) -> str:
         rounds = sorted({r for r in self.diverged_rounds if r is not None})
@@ -90,6 +91,47 @@ class _Cell:
             return "diverged"
         word = "round" if len(rounds) == 1 else "rounds"
         return f"diverged ({word} {', '.join(map(str, rounds))})"
+
+    def footnote(self) -> str:
+        return (f"{DAGGER} {self.row}, {self.column}: {len(self.diverged_rounds)} of {self.n_runs} seeds "
+                f"{self.diverged_text()}; mean over the other {len(self.values)}.")
+
+
+@dataclass
+class _AverageCell(_Cell):
+    """A cell of an `average_of` column: the mean over other cells of its row, as a paper's "Average"
+    column is the mean of the printed means of its row (FedGTST's Tables 1-3 and 6-10). Its ± is the sample sd
+    over seeds of each seed's mean over those cells, taken on the seeds all of them have. It has a number
+    only when every averaged cell has one: a mean over fewer columns is not the paper's Average."""
+
+    sources: list[_Cell] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.n_runs = max((s.n_runs for s in self.sources), default=0)
+        self.diverged_rounds = [r for s in self.sources for r in s.diverged_rounds]
+        if self.status == "missing":
+            return
+        by_seed = [dict(zip(s.seeds, s.values, strict=True)) for s in self.sources]
+        self.seeds = sorted(set.intersection(*(set(seeds) for seeds in by_seed)))
+        self.values = [sum(seeds[k] for seeds in by_seed) / len(by_seed) for k in self.seeds]
+
+    @property
+    def status(self) -> str:
+        statuses = {s.status for s in self.sources}
+        if statuses & {"missing", "diverged"} or not statuses:
+            return "missing"
+        return "partial" if "partial" in statuses else "ok"
+
+    @property
+    def mean(self) -> float:
+        if self.status == "missing":
+            return math.nan
+        return sum(s.mean for s in self.sources) / len(self.sources)
+
+    def footnote(self) -> str:
+        partial = [s.column for s in self.sources if s.status == "partial"]
+        return (f"{DAGGER} {self.row}, {self.column}: the mean over cells with diverged seeds ({', '.join(partial)}); "
+                f"its ± over the {len(self.values)} seeds none of them lost.")
 
 
 def decimals(x: float) -> int:
@@ -150,6 +192,9 @@ def _build_cells(spec: dict, summary: pd.DataFrame, published: pd.DataFrame | No
     for r in spec["rows"]:
         line = []
         for c in spec["columns"]:
+            if "average_of" in c:
+                line.append(None)  # filled in below, from the cells of the line it averages
+                continue
             method, setting, metric = cell_method(r, c), table_cell_setting(r, c), metric_key(spec, c)
             cell = _Cell(method, setting, r["label"], c["label"])
             runs = summary[(summary["method"] == method) & (summary["setting"] == setting)]
@@ -159,11 +204,21 @@ def _build_cells(spec: dict, summary: pd.DataFrame, published: pd.DataFrame | No
                     f"{sorted(runs['study'].unique())}; pass one study's summary"
                 )
             cell.n_runs = len(runs)
-            for status, value, dr in zip(runs["status"], runs[metric], runs["diverged_round"], strict=True):
+            seeds = runs["seed"] if "seed" in runs.columns else range(len(runs))
+            for status, value, dr, seed in zip(runs["status"], runs[metric], runs["diverged_round"], seeds,
+                                               strict=True):
                 if status == "diverged":
                     cell.diverged_rounds.append(int(dr) if pd.notna(dr) else None)
                 elif pd.notna(value):
                     cell.values.append(float(value))
+                    cell.seeds.append(int(seed))
+            line.append(cell)
+        for j, c in enumerate(spec["columns"]):
+            if "average_of" in c:
+                sources = [line[k] for k in average_sources(spec, c)]
+                line[j] = _AverageCell(r["method"], "average(" + ", ".join(s.setting for s in sources) + ")",
+                                       r["label"], c["label"], sources=sources)
+        for c, cell in zip(spec["columns"], line, strict=True):
             key = paper_key(spec, r, c) if table and published is not None else None
             if key:
                 cell.paper = lookup(published, table, *key)
@@ -176,11 +231,10 @@ def _build_cells(spec: dict, summary: pd.DataFrame, published: pd.DataFrame | No
                     # bracketed warm-up seconds exist for its own rows only.)
                     warnings.warn(f"table {spec['name']}: no published cell ({table!r}, {key[0]!r}, {key[1]!r})",
                                   stacklevel=3)
-            line.append(cell)
         grid.append(line)
     # Bold the best of our means per column (ties at the printed precision all bold).
     for j, column in enumerate(spec["columns"]):
-        col = [line[j] for line in grid if line[j].values]
+        col = [line[j] for line in grid if line[j].status in ("ok", "partial")]
         if len(col) >= 2:
             pick = min if lower_is_better(metric_key(spec, column)) else max
             best = pick(round(c.mean, decimals(c.mean)) for c in col)
@@ -204,15 +258,7 @@ def _describe(spec: dict, summary: pd.DataFrame, grid: list[list[_Cell]]) -> str
 
 
 def _footnotes(grid: list[list[_Cell]]) -> list[str]:
-    notes = []
-    for line in grid:
-        for c in line:
-            if c.status == "partial":
-                notes.append(
-                    f"{DAGGER} {c.row}, {c.column}: {len(c.diverged_rounds)} of {c.n_runs} seeds "
-                    f"{c.diverged_text()}; mean over the other {len(c.values)}."
-                )
-    return notes
+    return [c.footnote() for line in grid for c in line if c.status == "partial"]
 
 
 def _shared_run_notes(spec: dict) -> list[str]:
