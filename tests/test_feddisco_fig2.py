@@ -91,3 +91,142 @@ def test_schema_takes_each_kinds_own_options_only() -> None:
         validate(method({"kind": "size", "a": 0.5}), "study", "t")
     with pytest.raises(ConfigError, match="weighting"):
         validate(method({"kind": "pair", "pair": 0, "r": 1.2}), "study", "t")
+
+
+# ---------------------------------------------------------------- the study file
+
+
+@pytest.fixture(scope="module")
+def study() -> dict:
+    from conftest import REPO
+
+    from fedrepro.config import load_yaml, resolve_config
+
+    return resolve_config(load_yaml(REPO / "config" / "paper.yaml"))["studies"]["feddisco"]
+
+
+def test_paper_study_runs_33_pair_and_10_single_one_round_probes_on_cifar10_niid1(study) -> None:
+    from fedrepro.config import grid_runs, run_spec, weight_probe_cells
+
+    probes = [(s, m) for s, m in grid_runs(study) if m.startswith(("fedavg-pair-", "fedavg-single-"))]
+    assert len(probes) == 43 and {s for s, _ in probes} == {"c10-niid1"}
+    spec = run_spec(study, "c10-niid1", "fedavg-pair-pair2-r0.7")
+    assert spec["weighting"] == {"kind": "pair", "pair": 2, "r": 0.7}
+    assert spec["training"]["rounds"] == 1 and spec["training"]["local_epochs"] == 10
+    assert spec["training"]["join_ratio"] == 1
+    assert run_spec(study, "c10-niid1", "fedavg-single-client9")["weighting"] == {"kind": "single", "client": 9}
+    cells = weight_probe_cells(study, study["figures"]["fig2"])
+    assert len(cells["pairs"]) == 33 and sorted({c["r"] for c in cells["pairs"]}) == [i / 10 for i in range(11)]
+    assert [c["client"] for c in cells["clients"]] == list(range(10))
+    assert cells["seeds"] == study["seeds"]
+
+
+def _study_with(raw_edit) -> None:
+    import copy
+
+    from conftest import REPO
+
+    from fedrepro.config import load_yaml, resolve_config
+
+    raw = load_yaml(REPO / "config" / "studies" / "feddisco.yaml")
+    raw = copy.deepcopy(raw)
+    raw_edit(raw)
+    resolve_config({"scale": "paper", "results_dir": "results/paper", "studies": {"feddisco": raw}})
+
+
+def test_probe_runs_that_may_miss_their_clients_or_name_absent_ones_are_refused() -> None:
+    from fedrepro.config import ConfigError
+
+    def partial(raw):
+        raw["methods"]["fedavg-single"]["training"]["join_ratio"] = 0.5
+
+    def too_many(raw):
+        raw["methods"]["fedavg-single"]["sweep"]["weighting.client"] = [0, 10]
+
+    def no_such_pair(raw):
+        raw["methods"]["fedavg-pair"]["sweep"]["weighting.pair"] = [0, 5]
+
+    def wrong_sweep(raw):
+        raw["figures"]["fig2"]["single_sweep"] = "fedavg-pair"
+
+    for edit, message in ((partial, "join_ratio 1"), (too_many, "client 10 does not exist"),
+                          (no_such_pair, "pair 5 does not exist"), (wrong_sweep, "single_sweep sweeps exactly")):
+        with pytest.raises(ConfigError, match=message):
+            _study_with(edit)
+
+
+# ---------------------------------------------------------------- the figure
+
+
+def probe_inputs(seeds=(0, 1)):
+    """A weight_probe spec, summary and partition stats of 6 clients (COUNTS, rows rotated per seed)."""
+    import pandas as pd
+
+    pairs = [{"method": f"pair{p}-r{r}", "pair": p, "r": r} for p in (0, 1) for r in (0.0, 0.5, 1.0)]
+    clients = [{"method": f"single{k}", "client": k} for k in range(6)]
+    spec = {"name": "fig2", "kind": "weight_probe", "caption": "Fig. 2 (synthetic)", "metric": "final_acc",
+            "setting": "s", "pairs": pairs, "clients": clients, "seeds": list(seeds), "seed": seeds[0]}
+    stats = {seed: {"clients": 6, "num_classes": 10, "class_counts": np.roll(COUNTS, seed, axis=0).tolist()}
+             for seed in seeds}
+    rows = []
+    for seed in seeds:
+        d = client_discrepancy(np.roll(COUNTS, seed, axis=0))
+        for c in clients:  # accuracy falls with discrepancy
+            rows.append({"setting": "s", "method": c["method"], "seed": seed, "status": "complete",
+                         "final_acc": 60.0 - 30.0 * d[c["client"]]})
+        for c in pairs:  # peaks at r = 0.5 for pair 0, at r = 1 for pair 1
+            peak = 0.5 if c["pair"] == 0 else 1.0
+            rows.append({"setting": "s", "method": c["method"], "seed": seed, "status": "complete",
+                         "final_acc": 50.0 - 20.0 * abs(c["r"] - peak) + seed})
+    rows.append({"setting": "s", "method": "single0", "seed": 7, "status": "complete", "final_acc": 1.0})  # no stats
+    return spec, pd.DataFrame(rows), stats
+
+
+def test_weight_probe_tables_follow_each_seeds_pairs_and_clients() -> None:
+    from fedrepro.report.figures_feddisco import weight_probe_tables
+
+    spec, summary, stats = probe_inputs()
+    pairs, clients = weight_probe_tables(spec, summary, stats)
+    assert len(pairs) == 2 * 3 * 2 and len(clients) == 6 * 2  # seed 7 has no partition stats: left out
+    seed1 = pairs[(pairs["seed"] == 1) & (pairs["pair"] == 0)].iloc[0]
+    rolled = client_pairs(np.roll(COUNTS, 1, axis=0))[0]
+    assert (seed1["a"], seed1["b"]) == rolled and seed1["disc_gap"] > 0
+    row = clients[(clients["seed"] == 0) & (clients["client"] == 5)].iloc[0]
+    assert row["relative_size"] == pytest.approx(200 / 664)
+
+
+def test_render_weight_probe_from_synthetic_inputs(tmp_path) -> None:
+    from matplotlib.image import imread
+
+    from fedrepro.report.figures_feddisco import render_weight_probe, spearman
+
+    spec, summary, stats = probe_inputs()
+    render_weight_probe(spec, summary, stats, tmp_path / "fig2")
+    assert (tmp_path / "fig2.pdf").read_bytes()[:5] == b"%PDF-"
+    assert imread(tmp_path / "fig2.png").std() > 0.01
+    assert spearman(np.arange(5), -np.arange(5) ** 3) == pytest.approx(-1.0)
+
+
+def test_weight_probe_without_any_matching_run_says_so(tmp_path) -> None:
+    from fedrepro.report.figures_feddisco import render_weight_probe
+
+    spec, summary, stats = probe_inputs()
+    with pytest.raises(ValueError, match="no finished probe run"):
+        render_weight_probe({**spec, "setting": "other"}, summary, stats, tmp_path / "fig2")
+
+
+def test_pipeline_figure_reads_summary_then_one_stats_file_per_seed(tmp_path) -> None:
+    import json
+
+    from fedrepro.pipeline import figure
+    from fedrepro.report.captions import figure_caption
+
+    spec, summary, stats = probe_inputs()
+    summary.to_csv(tmp_path / "summary.csv", index=False)
+    inputs = [tmp_path / "summary.csv"]
+    for seed in spec["seeds"]:
+        (tmp_path / f"seed{seed}.json").write_text(json.dumps(stats[seed]))
+        inputs.append(tmp_path / f"seed{seed}.json")
+    figure(spec, inputs, tmp_path / "out", log=lambda _: None)
+    assert (tmp_path / "out.png").exists()
+    assert "(1 - r) w\\_A + r w\\_B" in figure_caption(spec, "paper")["shows"]

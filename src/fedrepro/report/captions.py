@@ -36,6 +36,11 @@ KINDS = {
                      "every client's update from the same model, Sec. 2 of the paper) per round, one line per "
                      "setting: mean over clients, band from the smallest to the largest, each averaged over "
                      "seeds; (b) the cosine between the true updates of two rounds, seed {seed}",
+    "weight_probe": "(a) the seed-{seed} partition; (b) the {metric} accuracy of (1 - r) w_A + r w_B after one "
+                    "round of local training from the same start, against r, for each pair of similar-size "
+                    "clients (B nearer the uniform class distribution; line: mean over seeds, band: ±1 sd, star: "
+                    "best r); (c), (d) each client's own-model accuracy against its relative dataset size and its "
+                    "l2 discrepancy to the uniform distribution, every seed, with the mean within-seed Spearman rho",
     "tsne": "a t-SNE of the server's per-class vectors (diamonds) among the clients' own representations of "
             "their test samples (circles, at most 10 per class and client), one colour per class, seed {seed}",
 }
