@@ -230,3 +230,26 @@ def test_pipeline_figure_reads_summary_then_one_stats_file_per_seed(tmp_path) ->
     figure(spec, inputs, tmp_path / "out", log=lambda _: None)
     assert (tmp_path / "out.png").exists()
     assert "(1 - r) w\\_A + r w\\_B" in figure_caption(spec, "paper")["shows"]
+
+
+# ---------------------------------------------------------------- one round in the engine
+
+
+def test_one_round_with_pair_weights_is_the_pairs_mix_and_single_is_the_clients_own_model(small_data) -> None:
+    import dataclasses
+
+    import torch
+    from conftest import dirichlet_clients
+    from test_engine import CFG, make_run
+
+    parts = dirichlet_clients(small_data.y_train.numpy(), n_clients=4)
+    one_round = dataclasses.replace(CFG, rounds=1)
+    run = make_run(small_data, parts, cfg=one_round, weighting={"kind": "pair", "pair": 0, "r": 0.3})
+    a, b = client_pairs(run.class_counts)[0]
+    w0 = run.flat.w.clone()
+    local = {cid: run.train_client(cid, 1, w0)[0]["delta"] + w0 for cid in (a, b)}
+    run.run()
+    assert torch.allclose(run.flat.w, 0.7 * local[a] + 0.3 * local[b], atol=1e-6)
+    single = make_run(small_data, parts, cfg=one_round, weighting={"kind": "single", "client": b})
+    single.run()
+    assert torch.allclose(single.flat.w, local[b], atol=1e-6)
