@@ -244,6 +244,9 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
     fixed = federation(kind).fixed_training
     for s, m in sorted(runs):
         training = run_training(study, s, m)
+        for problem in probe_weighting_problems(study["methods"][m]["weighting"], training,
+                                                study["settings"][s]["partition"]["clients"]):
+            fail(f"settings.{s} / methods.{m}.weighting", problem)
         for key, value, why in fixed:
             if training[key] != value:
                 fail(f"settings.{s} / methods.{m}: training.{key}",
@@ -264,7 +267,7 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         if wrong:
             fail(f"tables.{t}", f"metric {wrong[0]!r} does not exist for `source: {table['source']}` (target_* "
                  "metrics come from fine-tuning, `source: finetune`; the others from pre-training)")
-        column_settings = [c["setting"] for c in table["columns"]]
+        column_settings = [c["setting"] for c in table["columns"] if "setting" in c]  # not average columns
         for row in table["rows"]:
             for s in row.get("not_applicable", []):
                 known(f"tables.{t}.rows.not_applicable", s, study["settings"], "setting")
@@ -299,10 +302,18 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
             known(f"figures.{f}", s, study["settings"], "setting")
         if "setting" in fig:
             known(f"figures.{f}.setting", fig["setting"], study["settings"], "setting")
-        if "sweep" in fig:
-            known(f"figures.{f}.sweep", fig["sweep"], study["sweeps"], "swept method")
-            if len(study["sweeps"][fig["sweep"]][0]["values"]) != 2:
-                fail(f"figures.{f}.sweep", "a gain_grid needs a sweep over exactly two keys")
+        for key in ("sweep", "single_sweep"):
+            if key in fig:
+                known(f"figures.{f}.{key}", fig[key], study["sweeps"], "swept method")
+        if fig["kind"] == "gain_grid" and len(study["sweeps"][fig["sweep"]][0]["values"]) != 2:
+            fail(f"figures.{f}.sweep", "a gain_grid needs a sweep over exactly two keys")
+        if fig["kind"] == "weight_probe":
+            for key, swept in WEIGHT_PROBE_SWEEPS.items():
+                variants, kind_ = study["sweeps"][fig[key]], WEIGHT_PROBE_KINDS[key]
+                kinds = {study["methods"][v["method"]]["weighting"]["kind"] for v in variants}
+                if set(variants[0]["values"]) != set(swept) or kinds != {kind_}:
+                    fail(f"figures.{f}.{key}", f"a weight_probe's {key} sweeps exactly {list(swept)} of a method "
+                                               f"with `weighting: {{kind: {kind_}}}`")
         needed = set()
         if fig["kind"] in ("curve", "finetune_curve"):
             needed = {(s, m) for s in fig["settings"] for m in fig["methods"]}
@@ -338,6 +349,8 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
                 needed |= {(setting, m) for m in line["methods"]}
             if fig["x_scale"] == "log" and min(fig["x_values"]) <= 0:
                 fail(f"figures.{f}.x_scale", "a log axis needs positive x_values (categorical spaces them evenly)")
+        elif fig["kind"] == "weight_probe":
+            needed = {(fig["setting"], v["method"]) for key in WEIGHT_PROBE_SWEEPS for v in study["sweeps"][fig[key]]}
         elif fig["kind"] == "gain_lines":
             needed = {(p["setting"], m) for p in fig["points"] for ser in fig["series"]
                       for m in (ser["baseline"], ser["method"])}
@@ -353,6 +366,43 @@ def figure_runs_methods(fig: dict) -> list[str]:
     """The methods whose runs a one-run-per-panel figure reads: a tsne's `methods` (one panel each, FedL2G
     Fig. 4's -l and -f) or its single `method`; an update_cosine's `method`."""
     return list(fig["methods"]) if fig["kind"] == "tsne" and "methods" in fig else [fig["method"]]
+# FedDisco Fig. 2 (figure kind weight_probe): the keys each of its two sweeps varies, and the weighting kind
+WEIGHT_PROBE_SWEEPS = {"sweep": ("weighting.pair", "weighting.r"), "single_sweep": ("weighting.client",)}
+WEIGHT_PROBE_KINDS = {"sweep": "pair", "single_sweep": "single"}
+
+
+def probe_weighting_problems(weighting: dict, training: dict, clients: int) -> list[str]:
+    """What keeps a `pair` / `single` weighting from running on a setting of ``clients`` clients: the options
+    it needs, clients it names that do not exist, and sampling that may leave them out of a round."""
+    kind = weighting["kind"]
+    if kind not in WEIGHT_PROBE_KINDS.values():
+        return []
+    need = {"pair": ("pair", "r"), "single": ("client",)}[kind]
+    problems = [f"kind {kind!r} needs option {key!r}" for key in need if key not in weighting]
+    if kind == "pair" and weighting.get("pair", 0) >= clients // 2:
+        problems.append(f"pair {weighting['pair']} does not exist: {clients} clients make {clients // 2} "
+                        f"disjoint pairs (0..{clients // 2 - 1})")
+    if kind == "single" and weighting.get("client", 0) >= clients:
+        problems.append(f"client {weighting['client']} does not exist (clients 0..{clients - 1})")
+    if training["join_ratio"] < 1:
+        problems.append(f"kind {kind!r} weights named clients, so every client must be sampled every round "
+                        f"(join_ratio 1, got {training['join_ratio']})")
+    return problems
+
+
+def weight_probe_cells(study: dict, fig: dict) -> dict[str, Any]:
+    """What a weight_probe figure reads beyond its study entry: the pair sweep's runs (method, pair, r), the
+    single sweep's (method, client), the study's seeds (one partition per seed) and the pairs' size tolerance."""
+    pairs = [{"method": v["method"], "pair": v["values"]["weighting.pair"], "r": v["values"]["weighting.r"]}
+             for v in study["sweeps"][fig["sweep"]]]
+    tolerance = study["methods"][pairs[0]["method"]]["weighting"].get("size_tolerance")
+    return {
+        "pairs": pairs,
+        "clients": [{"method": v["method"], "client": v["values"]["weighting.client"]}
+                    for v in study["sweeps"][fig["single_sweep"]]],
+        "seeds": list(study["seeds"]),
+        **({"size_tolerance": tolerance} if tolerance is not None else {}),
+    }
 
 
 def check_deviations(ids: list[str], key: str, fail) -> None:
@@ -380,7 +430,7 @@ def table_shared_run(row: dict, column: dict) -> dict | None:
     of a row whose method does not depend on what those columns vary (Feddle's Center trains on the server's
     data only, so one run per data set and model fills every partition and delay column of its Table 5 row)."""
     for shared in row.get("shared_runs", []):
-        if "columns" not in shared or column["setting"] in shared["columns"]:
+        if "columns" not in shared or column.get("setting") in shared["columns"]:
             return shared
     return None
 

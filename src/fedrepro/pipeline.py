@@ -231,6 +231,9 @@ def figure(spec: dict, inputs: list[Path], out_stem: Path, log: Callable[[str], 
         render = {"partition": figures_feddisco.render_partition,
                   "class_histogram": figures_feddisco.render_class_histogram}[kind]
         render(spec, stats, Path(out_stem))
+    elif kind == "weight_probe":  # summary.csv, then the setting's partition stats of each seed in spec["seeds"]
+        stats = {seed: json.loads(Path(p).read_text()) for seed, p in zip(spec["seeds"], inputs[1:], strict=True)}
+        figures_feddisco.render_weight_probe(spec, pd.read_csv(inputs[0]), stats, Path(out_stem))
     else:
         render = {"curve": figures.render_curves, "gain_grid": figures_feddisco.render_gain_grid,
                   "gain_lines": figures_feddisco.render_gain_lines,

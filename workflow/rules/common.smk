@@ -20,6 +20,7 @@ from fedrepro.config import (  # noqa: E402
     run_spec,
     spec_digest,
     transfer_runs,
+    weight_probe_cells,
 )
 from fedrepro.data.registry import get_spec, raw_files  # noqa: E402
 from fedrepro.data.weights import weights_of  # noqa: E402
@@ -148,6 +149,9 @@ def figure_spec(study, name):
         spec.setdefault("y_label", ykey.split(".")[1])
         spec["setting_label"] = label_of(s, "settings", f["setting"])
         spec["baseline_label"] = label_of(s, "methods", f["baseline"])
+    if f["kind"] == "weight_probe":
+        spec.update(weight_probe_cells(s, f))
+        spec["setting_label"] = label_of(s, "settings", f["setting"])
     return spec
 
 
@@ -172,7 +176,8 @@ def table_runs(wildcards):
 
 def figure_inputs(wildcards):
     """runs.csv for curves and negative effects, finetune_curves.csv for fine-tuning curves, partition stats
-    for partition plots, summary.csv (and runs.csv: sweep_line) for the rest."""
+    for partition plots, summary.csv and every seed's partition stats for weight probes, summary.csv (and
+    runs.csv: sweep_line) for the rest."""
     f = study_of(wildcards)["figures"][wildcards.figure]
     if f["kind"] in ("curve", "negative_effect"):
         return [f"{RES}/{wildcards.study}/runs.csv"]
@@ -180,6 +185,9 @@ def figure_inputs(wildcards):
         return [f"{RES}/{wildcards.study}/finetune_curves.csv"]
     if f["kind"] in ("partition", "class_histogram"):
         return [f"{RES}/{wildcards.study}/partitions/{s}/seed{f['seed']}.json" for s in f["settings"]]
+    if f["kind"] == "weight_probe":  # and each seed's partition stats: the pairs and sizes differ per seed
+        return [f"{RES}/{wildcards.study}/summary.csv"] + [
+            f"{RES}/{wildcards.study}/partitions/{f['setting']}/seed{seed}.json" for seed in seeds_of(wildcards)]
     if f["kind"] == "tsne":  # per method, the train job's index; the seed's embeddings.npz lies beside its summary
         return [f"{RES}/{wildcards.study}/runs/{f['setting']}/{m}/seeds.json" for m in figure_runs_methods(f)]
     if f["kind"] == "update_cosine":  # and the seed's true_update_cosines.npz

@@ -42,6 +42,11 @@ KINDS = {
     "negative_effect": "(a) the negative effect, the largest rise of the {y} above its lowest value in earlier "
                        "rounds (rounds without training skipped), and (b) the best test accuracy over rounds, one "
                        "bar per method; bars: mean over seeds, whiskers: ±1 sd",
+    "weight_probe": "(a) the seed-{seed} partition; (b) the {metric} accuracy of (1 - r) w_A + r w_B after one "
+                    "round of local training from the same start, against r, for each pair of similar-size "
+                    "clients (B nearer the uniform class distribution; line: mean over seeds, band: ±1 sd, star: "
+                    "best r); (c), (d) each client's own-model accuracy against its relative dataset size and its "
+                    "l2 discrepancy to the uniform distribution, every seed, with the mean within-seed Spearman rho",
     "tsne": "a t-SNE of the server's per-class vectors (diamonds) among the clients' own representations of "
             "their test samples (circles, at most 10 per class and client, in the vectors' space: logits or "
             "features), one colour per class, one panel per method, seed {seed}",

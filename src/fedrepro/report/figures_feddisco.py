@@ -1,5 +1,6 @@
-"""FedDisco figure kinds: Disco's gain over an (a, b) grid (Fig. 4) and against one FL argument (Fig. 5),
-partitions class by client (Fig. 6), global class histograms (Fig. 7), per-class accuracy (Fig. 8).
+"""FedDisco figure kinds: the aggregation-weight probes (Fig. 2), Disco's gain over an (a, b) grid (Fig. 4)
+and against one FL argument (Fig. 5), partitions class by client (Fig. 6), global class histograms (Fig. 7),
+per-class accuracy (Fig. 8).
 
 Gains pair runs by seed: for every seed where both the method and its baseline finished (status not
 "diverged", metric not NaN), d = metric(method) - metric(baseline), in the metric's unit (accuracy in
@@ -381,5 +382,129 @@ def render_per_class(spec: dict, summary: pd.DataFrame, out_stem: Path) -> None:
             ncols=1,
             title="mean over seeds, bars ±1 sd; head/middle/tail/avg: mean over classes, sd: over classes",
         )
+        fig.suptitle(figure_title(spec), wrap=True)  # long captions wrap, never clip
+        save_figure(fig, out_stem)
+
+
+# ---------------------------------------------------------------- Fig. 2: weight probes
+
+PROBE_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c")
+
+
+def _probe_values(summary: pd.DataFrame, metric: str, setting: str, method: str, what: str) -> dict[int, float]:
+    """seed -> metric of the finished runs of one probe method (no runs: {}; diverged or NaN seeds left out)."""
+    rows = summary[(summary["setting"] == setting) & (summary["method"] == method)]
+    if rows.empty:
+        return {}
+    rows = _one_run_per_seed(summary, setting, method, what)
+    values = pd.to_numeric(rows[metric], errors="coerce").set_axis(rows["seed"].astype(int)).dropna()
+    return {int(s): float(v) for s, v in values.items()}
+
+
+def weight_probe_tables(spec: dict, summary: pd.DataFrame, stats: dict[int, dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The two tables behind Fig. 2, from the probe runs and each seed's partition stats.
+
+    pairs: one row per (pair, r, seed): the aggregate's metric, the pair's clients A and B (A farther from
+    uniform, weight 1 - r), their discrepancy gap and relative size gap. clients: one row per (client,
+    seed): its own model's metric, its relative size n_k / n and its l2 discrepancy to uniform.
+    """
+    from fedrepro.algorithms.weighting import PAIR_SIZE_TOLERANCE, client_discrepancy, client_pairs
+
+    _require(spec, ("metric", "setting", "pairs", "clients"))
+    what, metric, setting = _what(spec), spec["metric"], spec["setting"]
+    _check_columns(summary, ["setting", "method", "seed", metric], what)
+    pair_rows, client_rows = [], []
+    for seed, found in sorted(stats.items()):
+        counts = class_matrix(found, f"{what}, seed {seed}")
+        sizes, disc = counts.sum(axis=1), client_discrepancy(counts)
+        pairs = client_pairs(counts, spec.get("size_tolerance", PAIR_SIZE_TOLERANCE))
+        for cell in spec["pairs"]:
+            value = _probe_values(summary, metric, setting, cell["method"], what).get(seed)
+            if value is None or cell["pair"] >= len(pairs):
+                continue
+            a, b = pairs[cell["pair"]]
+            pair_rows.append({"pair": cell["pair"], "r": float(cell["r"]), "seed": seed, "value": value, "a": a, "b": b,
+                              "disc_gap": float(disc[a] - disc[b]),
+                              "size_gap": float(abs(sizes[a] - sizes[b]) / max(sizes[a], sizes[b]))})
+        for cell in spec["clients"]:
+            value = _probe_values(summary, metric, setting, cell["method"], what).get(seed)
+            if value is None or cell["client"] >= len(counts):
+                continue
+            client_rows.append({"client": cell["client"], "seed": seed, "value": value,
+                                "relative_size": float(sizes[cell["client"]] / sizes.sum()),
+                                "discrepancy": float(disc[cell["client"]])})
+    pair_cols = ["pair", "r", "seed", "value", "a", "b", "disc_gap", "size_gap"]
+    client_cols = ["client", "seed", "value", "relative_size", "discrepancy"]
+    pairs_df, clients_df = pd.DataFrame(pair_rows, columns=pair_cols), pd.DataFrame(client_rows, columns=client_cols)
+    if pairs_df.empty and clients_df.empty:
+        raise ValueError(f"{what}: no finished probe run on setting {setting!r} matches a seed's partition stats")
+    return pairs_df, clients_df
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's rank correlation (average ranks for ties); NaN with fewer than 3 points or a constant side."""
+    x, y = pd.Series(np.asarray(x, dtype=float)), pd.Series(np.asarray(y, dtype=float))
+    if len(x) < 3 or x.nunique() < 2 or y.nunique() < 2:
+        return math.nan
+    return float(np.corrcoef(x.rank(), y.rank())[0, 1])
+
+
+def _mean_spearman(clients: pd.DataFrame, column: str) -> tuple[float, int]:
+    """Spearman's rho of the metric against ``column`` within each seed, averaged over seeds (its n)."""
+    rhos = [spearman(g[column], g["value"]) for _, g in clients.groupby("seed")]
+    rhos = [r for r in rhos if not math.isnan(r)]
+    return (float(np.mean(rhos)) if rhos else math.nan), len(rhos)
+
+
+def render_weight_probe(spec: dict, summary: pd.DataFrame, stats: dict[int, dict], out_stem: Path) -> None:
+    """Fig. 2: (a) the partition of ``spec["seed"]``; (b) the accuracy of (1 - r) w_A + r w_B against r per
+    pair (mean over seeds, band ±1 sd, star at the best r); (c), (d) each client's own-model accuracy against
+    its relative size and its l2 discrepancy to uniform, every seed, with the mean within-seed Spearman rho.
+
+    ``stats``: seed -> the setting's partition stats for that seed (the pairs and sizes are per seed).
+    """
+    pairs, clients = weight_probe_tables(spec, summary, stats)
+    seed = spec.get("seed", 0)
+    metric = METRIC_LABELS.get(spec["metric"], spec["metric"])
+    with mpl.rc_context(FIGURE_RC):
+        fig = new_figure(18.0, 4.6)
+        ax_a, ax_b, ax_c, ax_d = panel_axes(fig, 4)
+        if seed in stats:
+            counts = class_matrix(stats[seed], f"{_what(spec)}, seed {seed}")
+            _bubbles(ax_a, counts)
+            k, c = counts.shape
+            ax_a.set(xlim=(-0.6, k - 0.4), ylim=(-0.6, c - 0.4), xlabel="client", ylabel="class")
+            _integer_ticks(ax_a.xaxis, k)
+            _integer_ticks(ax_a.yaxis, c)
+            ax_a.set_title(f"(a) data distributions (seed {seed})")
+        else:
+            ax_a.set_axis_off()
+            ax_a.set_title(f"(a) no partition stats for seed {seed}")
+        for i, (p, rows) in enumerate(pairs.groupby("pair")):
+            color = PROBE_COLORS[i % len(PROBE_COLORS)]
+            by_r = rows.groupby("r")["value"]
+            r, mean, sd = by_r.mean().index.to_numpy(), by_r.mean().to_numpy(), by_r.std(ddof=1).to_numpy()
+            n = int(rows["seed"].nunique())
+            label = (f"pair {p + 1}: d_A - d_B = {rows['disc_gap'].mean():.2f}, sizes within "
+                     f"{rows['size_gap'].max():.0%} (n = {n})")
+            ax_b.plot(r, mean, marker="o", ms=3, color=color, label=label)
+            ax_b.fill_between(r, mean - np.nan_to_num(sd), mean + np.nan_to_num(sd), color=color, alpha=0.15, lw=0)
+            best = int(np.nanargmax(mean))
+            ax_b.plot(r[best], mean[best], marker="*", ms=14, color=color, mec="black", mew=0.6, zorder=4)
+        ax_b.axvline(0.5, color="0.3", lw=0.8, ls=":")
+        ax_b.set(xlabel="r (weight of model B, the client nearer uniform)", ylabel=f"{metric} of the aggregate (%)",
+                 title="(b) aggregation (1 - r) w_A + r w_B")
+        if not pairs.empty:
+            ax_b.legend(loc="best", fontsize=7, title="mean ± 1 sd over seeds; ★ best r", title_fontsize=7)
+        for ax, column, xlabel, panel in ((ax_c, "relative_size", "relative dataset size n_k / n", "(c) dataset size"),
+                                          (ax_d, "discrepancy", "discrepancy (l2 to uniform)", "(d) discrepancy")):
+            for i, (s, rows) in enumerate(clients.groupby("seed")):
+                ax.scatter(rows[column], rows["value"], s=22, color=PROBE_COLORS[i % len(PROBE_COLORS)],
+                           label=f"seed {s}", alpha=0.85, lw=0)
+            rho, n = _mean_spearman(clients, column)
+            ax.set(xlabel=xlabel, ylabel=f"{metric} of the client's own model (%)",
+                   title=f"{panel}\nSpearman ρ = {rho:+.2f} (mean over {n} seeds)" if n else panel)
+            if not clients.empty:
+                ax.legend(loc="best", fontsize=7)
         fig.suptitle(figure_title(spec), wrap=True)  # long captions wrap, never clip
         save_figure(fig, out_stem)
