@@ -168,3 +168,15 @@ def test_a_config_sharing_the_other_scales_results_root_is_refused(config, scale
         bad["results_dir"] = root
     with pytest.raises(ConfigError, match=re.escape(expected)):
         resolve_config(bad)
+
+
+def test_a_key_given_twice_in_a_study_file_is_refused_naming_it(tmp_path) -> None:
+    from fedrepro.config import ConfigError, load_yaml
+
+    path = tmp_path / "study.yaml"
+    path.write_text("base: &b {rounds: 2, lr: 0.1}\ndefaults: {<<: *b, lr: 0.2}\n"  # an override of a merge is fine
+                    "tables:\n  t1:\n    deviations: [D-a]\n    deviations: [D-b]\n")
+    with pytest.raises(ConfigError, match=r"not valid YAML: key 'deviations' given twice \(first at line 5\)"):
+        load_yaml(path)
+    path.write_text("base: &b {rounds: 2, lr: 0.1}\ndefaults: {<<: *b, lr: 0.2}\n")
+    assert load_yaml(path)["defaults"] == {"rounds": 2, "lr": 0.2}
