@@ -257,6 +257,16 @@ Rank agreement: ...
 |---|---|
 | table1 | Table 1 |
 
+### Convergence
+
+Runs at their plateau: **1 of 2 (50%)**.
+
+Runs that miss the plateau rule:
+
+| setting | method | seed |
+|---|---|---|
+| x | b | 0 |
+
 ## fedgtst
 
 | table | mirrors |
@@ -269,6 +279,8 @@ def test_study_section_takes_the_statement_and_one_study() -> None:
     text = study_section(SCORECARD, "feddisco")
     assert text.startswith("**Embedded scale.** Not comparable.")
     assert "| table1 | Table 1 |" in text and "fedgtst" not in text
+    # the README keeps the convergence counts; the runs that miss are named in the full scorecard only
+    assert "**1 of 2 (50%)**" in text and "| x | b | 0 |" not in text and "listed by name in" in text
     with pytest.raises(ValueError, match="no section for study 'fedl2g'"):
         study_section(SCORECARD, "fedl2g")
 
