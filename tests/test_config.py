@@ -180,3 +180,28 @@ def test_a_key_given_twice_in_a_study_file_is_refused_naming_it(tmp_path) -> Non
         load_yaml(path)
     path.write_text("base: &b {rounds: 2, lr: 0.1}\ndefaults: {<<: *b, lr: 0.2}\n")
     assert load_yaml(path)["defaults"] == {"rounds": 2, "lr": 0.2}
+
+
+def test_laptop_full_runs_feddisco_on_fashion_mnist_as_the_paper_and_feddle_at_its_staleness_regime() -> None:
+    from fedrepro.config import load_yaml, resolve_config, run_training
+
+    base, over = load_yaml(REPO / "config" / "config.yaml"), load_yaml(REPO / "config" / "laptop-full.yaml")
+    # what Snakemake does with --configfile: a study given as a file replaces the default's inline one
+    merged = {**base, **{k: v for k, v in over.items() if k != "studies"},
+              "studies": {**base["studies"], **over["studies"]}}
+    cfg = resolve_config(merged, root=REPO)
+    assert cfg["results_dir"] == "results/laptop-full"
+    disco = cfg["studies"]["feddisco"]
+    for name, clients in (("niid1", 10), ("niid2", 6)):
+        setting = disco["settings"][name]
+        assert setting["dataset"] == "fashion_mnist" and setting["model"] == "simple_cnn"
+        assert "image_size" not in setting and setting["partition"]["clients"] == clients
+        training = run_training(disco, name, "fedavg")
+        assert (training["lr"], training["momentum"], training["weight_decay"], training["batch_size"]) == (
+            0.01, 0.9, 1.0e-5, 64)
+    rows = {r["method"]: r for r in disco["tables"]["table1"]["rows"]}
+    assert "scaffold-disco" in rows  # the paper's FedDisco row on Fashion-MNIST
+    feddle = cfg["studies"]["feddle"]
+    rounds = feddle["defaults"]["rounds"]
+    sigmas = [feddle["settings"][s]["async"]["delay_sigma"] for s in ("d01-n5", "d01-n20")]
+    assert sigmas == [0.025 * rounds, 0.10 * rounds]
