@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedrepro import seeding
+from fedrepro.asyncfl.server_train import train_vector
 
 if TYPE_CHECKING:  # the engine imports this module, so only for annotations
     from fedrepro.asyncfl.engine import AsyncRun
@@ -122,6 +123,16 @@ class AsyncMethod:
     def server_ce(self, idx: Tensor) -> Tensor:
         """Cross-entropy of the run's model on the server samples ``idx``."""
         return F.cross_entropy(self.model(self.run.server_x[idx]), self.run.server_y[idx])
+
+    def train_on_server_data(self, w: Tensor, rnd: int) -> Tensor:
+        """``w`` trained on the server's own data (Center, Fed+FT) with the method's lr, epochs, batch size and
+        optimiser; like any training, in train mode from the global statistics, which it then updates."""
+        self.load_global_buffers()
+        self.model.train()
+        w = train_vector(self.flat, w, self.server_ce, len(self.run.server_y), self.epochs, self.lr,
+                         self.batch_size, self.server_generator(rnd), self.optimizer)
+        self.keep_trained_buffers()
+        return w
 
 
 def merge_buffers(b_global: Tensor, coefficients: list[float] | Tensor, buffers: list[Tensor]) -> Tensor:

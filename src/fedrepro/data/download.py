@@ -96,12 +96,9 @@ def copy_local(fname: str, dirs: Iterable[Path | str], dest: Path, md5: str | No
     source = next((Path(d) / fname for d in dirs if (Path(d) / fname).is_file()), None)
     if source is None:
         return None
-    if dest.exists():
-        if content_problem(dest, md5, payload_sha) is None:
-            return dest
-        _quarantine(dest, dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    part = dest.with_suffix(dest.suffix + ".part")
+    part = _part_unless_kept(dest, md5, payload_sha)
+    if part is None:
+        return dest
     shutil.copyfile(source, part)
     # check the copy rather than the source: what is kept is what was checked
     problem = content_problem(part, md5, payload_sha)
@@ -134,6 +131,17 @@ def _stream(url: str, part: Path, timeout: float) -> None:
         raise _Truncated(got, int(length))
 
 
+def _part_unless_kept(dest: Path, md5: str | None, payload_sha: str | None) -> Path | None:
+    """None when ``dest`` already passes its checks (keep it); otherwise the ``.part`` path to write the new
+    copy to, after quarantining a stale or damaged ``dest`` (e.g. the upstream file changed) for inspection."""
+    if dest.exists():
+        if content_problem(dest, md5, payload_sha) is None:
+            return None
+        _quarantine(dest, dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    return dest.with_suffix(dest.suffix + ".part")
+
+
 def fetch(url: str, dest: Path, md5: str | None, *, payload_sha: str | None = None, timeout: float = 60,
           retries: int = 2) -> Path:
     """Download `url` to `dest` unless `dest` already passes its checks; verify it and rename atomically.
@@ -148,13 +156,9 @@ def fetch(url: str, dest: Path, md5: str | None, *, payload_sha: str | None = No
     """
     dest = Path(dest)
     md5 = None if md5 is None else md5.lower()
-    if dest.exists():
-        if content_problem(dest, md5, payload_sha) is None:
-            return dest
-        # A stale or damaged copy (e.g. the upstream file changed): keep it for inspection, fetch anew.
-        _quarantine(dest, dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    part = dest.with_suffix(dest.suffix + ".part")
+    part = _part_unless_kept(dest, md5, payload_sha)
+    if part is None:
+        return dest
     for attempt in range(retries + 1):
         if attempt:
             time.sleep(RETRY_WAIT_S * attempt)

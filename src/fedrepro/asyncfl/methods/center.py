@@ -7,7 +7,6 @@ from __future__ import annotations
 from torch import Tensor
 
 from fedrepro.asyncfl.base import AsyncMethod
-from fedrepro.asyncfl.server_train import train_vector
 
 
 class Center(AsyncMethod):
@@ -22,9 +21,4 @@ class Center(AsyncMethod):
     def round_end(self, w: Tensor, rnd: int) -> Tensor:
         if rnd != 1:
             return w
-        self.load_global_buffers()
-        self.model.train()
-        w = train_vector(self.flat, w, self.server_ce, len(self.run.server_y), self.epochs, self.lr,
-                         self.batch_size, self.server_generator(rnd), self.optimizer)
-        self.keep_trained_buffers()
-        return w
+        return self.train_on_server_data(w, rnd)
