@@ -25,6 +25,19 @@ def digits_prepared(tmp_path_factory):
     return load_prepared(path)
 
 
+def digits_cut(prepared, n_train: int, n_test: int, image_size: int | None = None):
+    """Digits as CPU tensors (at ``image_size``), cut to the first ``n_train`` train / ``n_test`` test samples."""
+    import dataclasses
+
+    import torch
+
+    from fedrepro.sim.tensors import to_device_data
+
+    data = to_device_data(prepared, torch.device("cpu"), image_size=image_size)
+    return dataclasses.replace(data, x_train=data.x_train[:n_train], y_train=data.y_train[:n_train],
+                               x_test=data.x_test[:n_test], y_test=data.y_test[:n_test])
+
+
 @pytest.fixture(scope="session")
 def small_data(digits_prepared):
     """Digits as CPU tensors, cut to 400 train / 200 test samples to keep engine tests fast."""

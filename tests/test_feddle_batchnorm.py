@@ -9,6 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from conftest import digits_cut
 from torch import nn
 
 import fedrepro.asyncfl.methods.feddle as feddle_module
@@ -18,16 +19,14 @@ from fedrepro.asyncfl.methods import build_method
 from fedrepro.models.cnn import SplitModel
 from fedrepro.sim.checkpoint import CheckpointError, save_checkpoint
 from fedrepro.sim.sync import TrainingConfig
-from fedrepro.sim.tensors import DeviceData, to_device_data
+from fedrepro.sim.tensors import DeviceData
 
 torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
 def data8(digits_prepared):
-    data = to_device_data(digits_prepared, torch.device("cpu"), image_size=8)
-    return dataclasses.replace(data, x_train=data.x_train[:200], y_train=data.y_train[:200],
-                               x_test=data.x_test[:150], y_test=data.y_test[:150])
+    return digits_cut(digits_prepared, 200, 150, image_size=8)
 
 
 @pytest.fixture(scope="module")

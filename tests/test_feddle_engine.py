@@ -9,12 +9,13 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import digits_cut
 
 from fedrepro.asyncfl.engine import AsyncConfig, AsyncRun, draw_delay
 from fedrepro.asyncfl.methods import build_method
 from fedrepro.models import build_model
 from fedrepro.sim.sync import _STOP, Preempted, TrainingConfig, request_stop
-from fedrepro.sim.tensors import evaluate, to_device_data
+from fedrepro.sim.tensors import evaluate
 
 torch.set_num_threads(1)
 
@@ -22,9 +23,7 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="module")
 def data8(digits_prepared):
     """Digits at their native 8x8, 300 train / 200 test samples: a tiny, fast, real task."""
-    data = to_device_data(digits_prepared, torch.device("cpu"), image_size=8)
-    return dataclasses.replace(data, x_train=data.x_train[:300], y_train=data.y_train[:300],
-                               x_test=data.x_test[:200], y_test=data.y_test[:200])
+    return digits_cut(digits_prepared, 300, 200, image_size=8)
 
 
 def equal_parts(n: int = 300, clients: int = 10) -> list[np.ndarray]:
