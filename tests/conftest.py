@@ -73,3 +73,15 @@ def tiny_pipeline(tmp_path_factory):
                            "--directory", str(workdir), "--configfile", str(config)],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     return workdir, config, proc
+
+
+def laptop_full_config(inline: bool = True) -> dict:
+    """config/laptop-full.yaml as Snakemake reads it (merged into config/config.yaml); with ``inline``, every
+    study given as a file loaded in place, so a test can edit it before resolve_config."""
+    from fedrepro.config import load_yaml, merge_configfiles
+
+    config = merge_configfiles("config/config.yaml", "config/laptop-full.yaml", root=REPO)
+    if inline:
+        config["studies"] = {name: load_yaml(REPO / entry) if isinstance(entry, str) else entry
+                             for name, entry in config["studies"].items()}
+    return config

@@ -10,7 +10,7 @@ import statistics
 import pandas as pd
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, laptop_full_config
 
 from fedrepro.config import ConfigError, average_column_problems, resolve_config
 from fedrepro.report.convergence import accuracy_cells
@@ -119,7 +119,7 @@ def test_average_columns_are_checked(column, expected):
 
 
 def test_the_study_file_refuses_a_bad_average_column_by_its_key():
-    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config = laptop_full_config()
     table = config["studies"]["fedgtst"]["tables"]["table1"]
     mixed = copy.deepcopy(config)
     mixed["studies"]["fedgtst"]["tables"]["table1"]["columns"] = [

@@ -7,7 +7,7 @@ import re
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, laptop_full_config
 
 from fedrepro.config import ConfigError, grid_runs, resolve_config, run_spec
 
@@ -25,27 +25,29 @@ def test_embedded_config_resolves_with_defaults(config):
     resolved = resolve_config(config)
     s = resolved["studies"]["feddisco"]
     runs = grid_runs(s)
-    assert ("niid1", "fedavg") in runs and ("niid2", "feddyn-disco") in runs and len(runs) == len(set(runs))
+    assert ("niid1", "fedavg") in runs and ("niid1", "feddyn-disco") in runs and len(runs) == len(set(runs))
     spec = run_spec(s, "niid1", "fedprox")
     assert spec["hparams"] == {"mu": 0.01}
     assert spec["weighting"] == {"kind": "size"}  # a schema default
     assert spec["training"]["join_ratio"] == 1.0  # a schema default
     assert spec["training"]["batch_size"] == 16  # the study's value (the schema default is 64)
     assert spec["training"]["drop_last"] is True  # FedDisco's code drops the short last batch
-    assert run_spec(resolved["studies"]["fedl2g"], "dir", "fml")["training"]["drop_last"] is True  # HtFLlib's
-    fedgtst = resolved["studies"]["fedgtst"]
+    assert run_spec(resolved["studies"]["fedl2g"], "pat", "fml")["training"]["drop_last"] is True  # HtFLlib's
+    fedgtst = resolve_config(laptop_full_config())["studies"]["fedgtst"]
     setting, method = grid_runs(fedgtst)[0]
     assert run_spec(fedgtst, setting, method)["training"]["drop_last"] is False  # the schema default
     assert resolved["device"] == "auto" and resolved["train_resources"]["gpu"] == 0
 
 
 def test_setting_and_method_overrides_win_over_defaults(config):
+    study(config)["settings"]["niid2"] = copy.deepcopy(study(config)["settings"]["niid1"])  # no override
     study(config)["settings"]["niid1"]["training"] = {"rounds": 7}
     study(config)["methods"]["fedprox"]["training"] = {"lr": 0.5}
     s = resolve_config(config)["studies"]["feddisco"]
     assert run_spec(s, "niid1", "fedprox")["training"]["rounds"] == 7
     assert run_spec(s, "niid1", "fedprox")["training"]["lr"] == 0.5
-    assert run_spec(s, "niid2", "fedavg")["training"]["rounds"] == 12
+    assert run_spec(s, "niid2", "fedavg")["training"]["rounds"] == 24
+    assert run_spec(s, "niid1", "fedavg")["training"]["lr"] == 0.01
 
 
 @pytest.mark.parametrize(
@@ -76,12 +78,12 @@ def test_setting_and_method_overrides_win_over_defaults(config):
         (lambda c: study(c)["grid"].__setitem__(0, {"settings": ["niid1"], "methods": ["fedavg"]}),
          r"tables.table1: cell \(\S+, \S+\) names a run the grid does not produce"),
         (lambda c: study(c)["grid"][0]["methods"].append("scafold"), r"grid.0.methods: unknown method .scafold."),
-        (lambda c: c["studies"]["fedl2g"]["settings"]["dir"].update(model="tiny5"),
-         r"studies.fedl2g.settings.dir.model: unknown model group 'tiny5' \(did you mean 'tiny4'\?\)"),
+        (lambda c: c["studies"]["fedl2g"]["settings"]["pat"].update(model="tiny5"),
+         r"studies.fedl2g.settings.pat.model: unknown model group 'tiny5' \(did you mean 'tiny4'\?\)"),
         (lambda c: c["studies"]["fedl2g"]["methods"]["fml"].update(algorithm="fedavg"),
          r"studies.fedl2g.methods.fml.algorithm: unknown algorithm 'fedavg'.*known: \['fed_distill'"),
         (lambda c: c["studies"]["fedl2g"]["methods"]["fedproto"].update(training={"momentum": 0.9}),
-         r"fedl2g.*settings.dir / methods.fedproto: training.momentum: must be 0.0 in a `federation: hetero` "
+         r"fedl2g.*settings.pat / methods.fedproto: training.momentum: must be 0.0 in a `federation: hetero` "
          r"study \(clients train with plain SGD"),
         (lambda c: c["studies"]["fedl2g"].update(federation="hetro"), r"federation: 'hetro' is not one of"),
         (lambda c: study(c)["settings"]["niid1"]["partition"].update(pool_test=True),
@@ -143,7 +145,7 @@ def test_swept_values_are_validated_too(config):
 def test_a_hetero_study_runs_per_client_model_groups_with_its_own_methods(config):
     s = resolve_config(config)["studies"]
     assert s["feddisco"]["federation"] == "sync"  # the schema default
-    spec = run_spec(s["fedl2g"], "dir", "fedl2g_f")
+    spec = run_spec(s["fedl2g"], "pat", "fedl2g_f")
     assert spec["federation"] == "hetero" and spec["model"] == "tiny4" and spec["algorithm"] == "fedl2g_f"
     assert spec["hparams"]["server_lr"] == 100.0 and spec["training"]["momentum"] == 0.0
 
@@ -183,14 +185,12 @@ def test_a_key_given_twice_in_a_study_file_is_refused_naming_it(tmp_path) -> Non
 
 
 def test_laptop_full_runs_feddisco_on_fashion_mnist_as_the_paper_and_feddle_at_its_staleness_regime() -> None:
-    from fedrepro.config import load_yaml, resolve_config, run_training
+    from fedrepro.config import resolve_config, run_training
 
-    base, over = load_yaml(REPO / "config" / "config.yaml"), load_yaml(REPO / "config" / "laptop-full.yaml")
     # what Snakemake does with --configfile: a study given as a file replaces the default's inline one
-    merged = {**base, **{k: v for k, v in over.items() if k != "studies"},
-              "studies": {**base["studies"], **over["studies"]}}
-    cfg = resolve_config(merged, root=REPO)
+    cfg = resolve_config(laptop_full_config(inline=False), root=REPO)
     assert cfg["results_dir"] == "results/laptop-full"
+    assert sorted(cfg["studies"]) == ["feddisco", "feddle", "fedgtst", "fedl2g"]  # everything the default leaves out
     disco = cfg["studies"]["feddisco"]
     for name, clients in (("niid1", 10), ("niid2", 6)):
         setting = disco["settings"][name]

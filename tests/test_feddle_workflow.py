@@ -161,10 +161,12 @@ def test_table5_center_runs_once_per_data_set_and_fills_its_columns_beside_the_p
         assert ("Table 5", "Center", f"{data_set} | CNN | all settings (single value)") in shown_keys(study)
 
 
-def test_embedded_table5_center_is_one_run_for_both_columns():
-    from fedrepro.config import grid_runs, load_yaml, table_cell_setting
+def test_laptop_table5_center_is_one_run_for_both_columns():
+    from conftest import laptop_full_config
 
-    study = resolve_config(load_yaml(REPO / "config" / "config.yaml"))["studies"]["feddle"]
+    from fedrepro.config import grid_runs, table_cell_setting
+
+    study = resolve_config(laptop_full_config())["studies"]["feddle"]
     assert [s for s, m in grid_runs(study) if m == "center"] == ["d01-n20"]
     center = next(r for r in study["tables"]["table5"]["rows"] if r["method"] == "center")
     assert {table_cell_setting(center, c) for c in study["tables"]["table5"]["columns"]} == {"d01-n20"}

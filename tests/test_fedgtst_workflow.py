@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO
 from test_workflow import job_counts, snakemake
 
-from fedrepro.config import grid_runs, load_yaml, resolve_config, run_spec, transfer_runs
+from fedrepro.config import grid_runs, load_yaml, merge_configfiles, resolve_config, run_spec, transfer_runs
 
 
 def test_paper_scale_dry_run_has_a_fine_tuning_job_per_transferred_run(tmp_path):
@@ -25,11 +25,11 @@ def test_paper_scale_dry_run_has_a_fine_tuning_job_per_transferred_run(tmp_path)
     assert "domainnet_no_clipart" in proc.stdout and "domainnet_sketch/raw/MANIFEST.json" in proc.stdout
 
 
-@pytest.mark.parametrize("config_file", ["config.yaml", "paper.yaml"])
+@pytest.mark.parametrize("config_file", ["laptop-full.yaml", "paper.yaml"])
 def test_every_fedgtst_run_averages_its_participants_uniformly(config_file):
     """Eq. 2 weighs the clients 1/K: every method of the study (FedIIR's global gradient too, which takes
     the aggregation weights) gets equal weights, not the schema's size weights."""
-    study = resolve_config(load_yaml(REPO / "config" / config_file))["studies"]["fedgtst"]
+    study = resolve_config(merge_configfiles("config/config.yaml", f"config/{config_file}"))["studies"]["fedgtst"]
     runs = grid_runs(study)
     assert {m for _, m in runs} >= {"fedavg", "fedsr", "fediir", "fedgtst"}
     for setting, method in runs:

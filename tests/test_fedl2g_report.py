@@ -8,7 +8,7 @@ import warnings
 
 import pandas as pd
 import pytest
-from conftest import REPO
+from conftest import REPO, laptop_full_config
 
 from fedrepro.report.derived import add_derived, metric_key
 from fedrepro.report.published import load_published
@@ -80,11 +80,9 @@ def test_a_misspelt_published_column_still_warns(tmp_path):
 
 
 def test_a_phase_needs_a_mean_over_rows():
-    import yaml
-
     from fedrepro.config import ConfigError, resolve_config
 
-    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config = laptop_full_config()
     columns = config["studies"]["fedl2g"]["tables"]["table3"]["columns"]
     assert [c.get("phase") for c in columns if c.get("metric") == "client_seconds"] == ["regular", "warmup"]
     columns.append({"setting": "dir", "label": "x", "metric": "client_seconds", "round": 3, "phase": "warmup"})
@@ -146,20 +144,18 @@ def test_fig4_shows_one_tsne_panel_per_fedl2g_variant(tmp_path, monkeypatch):
 def test_the_paper_studys_fig4_reads_both_fedl2g_runs_and_a_tsne_takes_method_or_methods():
     import copy
 
-    import yaml
-
     from fedrepro.config import ConfigError, figure_runs_methods, resolve_config
 
-    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config = laptop_full_config()
     config["studies"]["fedl2g"] = str(REPO / "config" / "studies" / "fedl2g.yaml")
     paper = resolve_config(copy.deepcopy(config))["studies"]["fedl2g"]
     assert figure_runs_methods(paper["figures"]["fig4"]) == ["fedl2g_l", "fedl2g_f"]
     assert figure_runs_methods({"kind": "tsne", "setting": "x", "method": "fedl2g_f"}) == ["fedl2g_f"]
-    both = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    both = laptop_full_config()
     both["studies"]["fedl2g"]["figures"]["fig4"]["method"] = "fedl2g_f"
     with pytest.raises(ConfigError, match="fig4"):
         resolve_config(both)
-    unknown = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    unknown = laptop_full_config()
     unknown["studies"]["fedl2g"]["figures"]["fig4"]["methods"] = ["fedl2g_l", "fedl2g"]
     with pytest.raises(ConfigError, match="fig4"):
         resolve_config(unknown)
@@ -211,11 +207,9 @@ def test_fig1_bars_the_negative_effect_and_best_accuracy_per_method(tmp_path, mo
 def test_fig1_is_declared_at_both_scales_and_needs_a_loss():
     import copy
 
-    import yaml
-
     from fedrepro.config import ConfigError, resolve_config
 
-    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config = laptop_full_config()
     embedded = resolve_config(copy.deepcopy(config))["studies"]["fedl2g"]["figures"]["fig1"]
     assert (embedded["kind"], embedded["paper_figure"], embedded["y"]) == ("negative_effect", "Figure 1", "train_ce")
     paper = copy.deepcopy(config)

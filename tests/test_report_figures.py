@@ -369,14 +369,12 @@ def test_curves_tick_whole_rounds_only(tmp_path: Path, monkeypatch) -> None:
     assert ticks and all(float(t).is_integer() for t in ticks)
 
 
-@pytest.mark.parametrize("config", ["config/config.yaml", "config/paper.yaml"])
+@pytest.mark.parametrize("config", ["config/config.yaml", "config/laptop-full.yaml", "config/paper.yaml"])
 def test_every_figure_of_every_study_gives_its_methods_distinct_colours(config: str) -> None:
-    from conftest import REPO
-
-    from fedrepro.config import label_of, load_yaml, resolve_config
+    from fedrepro.config import label_of, merge_configfiles, resolve_config
     from fedrepro.report.style import method_color
 
-    studies = resolve_config(load_yaml(REPO / config))["studies"]
+    studies = resolve_config(merge_configfiles("config/config.yaml", config))["studies"]
     checked = 0
     for name, study in studies.items():
         for fig_name, fig in study["figures"].items():

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from conftest import REPO
 
-from fedrepro.config import ConfigError, load_yaml, resolve_config
+from fedrepro.config import ConfigError, merge_configfiles, resolve_config
 from fedrepro.report.captions import KINDS, figure_caption, rst_escape, table_caption
 from fedrepro.report.published import load_published, lookup
 from fedrepro.report.scorecard import build_scorecard, check_claims, render_markdown, score_table
@@ -153,9 +153,9 @@ def _table_specs(study: dict):
         yield {**t, "name": name, "rows": rows, "columns": cols}
 
 
-@pytest.mark.parametrize("config", ["config/config.yaml", "config/paper.yaml"])
+@pytest.mark.parametrize("config", ["config/config.yaml", "config/laptop-full.yaml", "config/paper.yaml"])
 def test_declared_claims_check_against_the_published_numbers(config: str) -> None:
-    cfg = resolve_config(load_yaml(REPO / config))
+    cfg = resolve_config(merge_configfiles("config/config.yaml", config))
     verdicts = {}
     for name, study in cfg["studies"].items():
         published = load_published(REPO / "config" / "paper" / f"{study['paper']}.csv")

@@ -118,6 +118,25 @@ def load_yaml(path: str | Path) -> dict:
     return data
 
 
+def merge_configfiles(*paths: str | Path, root: Path = REPO) -> dict:
+    """The config Snakemake builds from ``--configfile a b ...``: each file merged into the ones before it,
+    mapping into mapping, any other value replacing (so a study given as a file path replaces an inline one).
+    Relative paths are taken from ``root``."""
+    merged: dict = {}
+    for path in paths:
+        path = Path(path)
+        _merge_into(merged, load_yaml(path if path.is_absolute() else root / path))
+    return merged
+
+
+def _merge_into(base: dict, over: dict) -> None:
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge_into(base[key], value)
+        else:
+            base[key] = copy.deepcopy(value)
+
+
 def resolve_config(config: dict, source: str = "config", root: Path = REPO) -> dict:
     """Validate the top-level config and each study (loading study files), returning a resolved copy."""
     config = copy.deepcopy(config)

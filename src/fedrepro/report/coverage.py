@@ -12,7 +12,7 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedrepro.config import REPO, load_yaml, resolve_config
+from fedrepro.config import REPO, merge_configfiles, resolve_config
 from fedrepro.report.tables import paper_key
 
 
@@ -75,10 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--configfile", nargs="+", default=[str(REPO / "config" / "config.yaml")],
                         help="config files, later ones overriding earlier keys (as snakemake's --configfile)")
     args = parser.parse_args(argv)
-    raw: dict = {}
-    for path in args.configfile:
-        raw.update(load_yaml(path))
-    config = resolve_config(raw, source=", ".join(args.configfile))
+    config = resolve_config(merge_configfiles(*args.configfile), source=", ".join(args.configfile))
     print("\n".join(report_lines(config_coverage(config), config["scale"])))
 
 
