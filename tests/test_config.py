@@ -205,3 +205,13 @@ def test_laptop_full_runs_feddisco_on_fashion_mnist_as_the_paper_and_feddle_at_i
     rounds = feddle["defaults"]["rounds"]
     sigmas = [feddle["settings"][s]["async"]["delay_sigma"] for s in ("d01-n5", "d01-n20")]
     assert sigmas == [0.025 * rounds, 0.10 * rounds]
+
+
+def test_config_files_merge_as_snakemake_merges_them(tmp_path):
+    """--configfile a b: mappings merge key by key, anything else (a study's file path) replaces."""
+    from fedrepro.config import merge_configfiles
+
+    (tmp_path / "a.yaml").write_text("train_resources: {gpu: 0, threads: 1}\nstudies: {s: {seeds: [0]}, t: {}}\n")
+    (tmp_path / "b.yaml").write_text("train_resources: {gpu: 1}\nstudies: {s: config/s.yaml}\n")
+    merged = merge_configfiles(tmp_path / "a.yaml", tmp_path / "b.yaml")
+    assert merged == {"train_resources": {"gpu": 1, "threads": 1}, "studies": {"s": "config/s.yaml", "t": {}}}
