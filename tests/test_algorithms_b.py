@@ -84,7 +84,7 @@ def fedavg(small_data, parts):
 
 
 @pytest.mark.parametrize(("algorithm", "off", "on"), [
-    ("feddyn", {"alpha": 0.0}, {"alpha": 0.1}),
+    ("feddyn", {"alpha": 0.0, "max_grad_norm": 0.0}, {"alpha": 0.1}),
     ("feddc", {"alpha": 0.0, "grad_correction": False, "max_grad_norm": 0.0}, {"alpha": 0.1}),
     ("moon", {"mu": 0.0}, {"mu": 1.0}),
 ])
@@ -108,8 +108,8 @@ def small_noise(run, scale=1e-2, seed=0):
 
 def test_feddyn_local_training_and_server_follow_the_formulas(small_data):
     alpha = 0.1
-    run = make_run(small_data, three_clients(small_data), "feddyn", {"alpha": alpha})
-    alg, w0 = run.alg, run.flat.w.clone()
+    run = make_run(small_data, three_clients(small_data), "feddyn", {"alpha": alpha, "max_grad_norm": 0.0})
+    alg, w0 = run.alg, run.flat.w.clone()  # clipping: below
     grad_prev = small_noise(run)
     alg.state["grad"][0] = grad_prev.clone()
 
@@ -219,10 +219,26 @@ def test_feddc_clips_the_objectives_gradient_as_the_official_code(small_data, pa
     assert torch.allclose(g, expected.grad) and g.norm().item() == pytest.approx(10.0, rel=1e-5)
 
 
+def test_feddyn_clips_as_the_official_code_before_its_weight_decay_adds_alpha_w(small_data, parts):
+    """FedDyn's and FedDisco's code: clip_grad_norm_(10) on the gradient of CE - <grad_k, w> - alpha <w_glob, w>,
+    then SGD's weight decay adds alpha w."""
+    alpha = 0.1
+    run = make_run(small_data, parts, "feddyn", {"alpha": alpha, "max_grad_norm": 10.0})
+    w0 = run.flat.w.clone()
+    w, g, grad_k = w0 + small_noise(run, 1.0, 1), small_noise(run, 1.0, 2), small_noise(run, 1.0, 3)
+    run.alg.state["grad"][0] = grad_k
+    clipped = (g - grad_k - alpha * w0).clone().requires_grad_()
+    clipped.grad = clipped.detach().clone()
+    torch.nn.utils.clip_grad_norm_([clipped], 10.0)
+    assert (g - grad_k - alpha * w0).norm() > 10  # the clipping acts
+    run.alg.correct_grad(w, g, Client(cid=0, round=1, w_start=w0, num_samples=1))
+    assert torch.allclose(g, clipped.grad + alpha * w, atol=1e-6)
+
+
 def test_feddc_without_gradient_correction_is_feddyn(small_data, parts):
     """Same local gradient (alpha (w - w_glob + h_k) = alpha (w - w_glob) - grad_k) and server step."""
     dc = make_run(small_data, parts, "feddc", {"alpha": 0.1, "grad_correction": False, "max_grad_norm": 0.0})
-    dyn = make_run(small_data, parts, "feddyn", {"alpha": 0.1})
+    dyn = make_run(small_data, parts, "feddyn", {"alpha": 0.1, "max_grad_norm": 0.0})
     dc.run()
     dyn.run()
     assert torch.allclose(dc.flat.w, dyn.flat.w, atol=1e-5)

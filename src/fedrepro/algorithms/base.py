@@ -46,6 +46,13 @@ def check_evaluated_model(method: str, evaluate: str) -> None:
         raise ValueError(f"{method}: unknown evaluate {evaluate!r}; choices: {list(EVALUATED_MODELS)}")
 
 
+def clip_grad_norm_(g: torch.Tensor, max_norm: float) -> None:
+    """Scale the gradient vector ``g`` in place to norm at most ``max_norm`` (0: off), as
+    ``torch.nn.utils.clip_grad_norm_`` does over all of a model's parameters."""
+    if max_norm:
+        g.mul_(torch.clamp(max_norm / (g.norm() + 1e-6), max=1.0))
+
+
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of ``values`` over the entries where ``mask`` is 1 (0 if none)."""
     return (values * mask).sum() / mask.sum().clamp_min(1.0)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fedrepro.algorithms.base import Algorithm, Client, check_evaluated_model
+from fedrepro.algorithms.base import Algorithm, Client, check_evaluated_model, clip_grad_norm_
 
 if TYPE_CHECKING:
     import numpy as np
@@ -65,8 +65,7 @@ class FedDC(Algorithm):
             g.add_(self.state["g"])
             if client.cid in self.state["g_k"]:
                 g.sub_(self.state["g_k"][client.cid])
-        if self.max_grad_norm:  # as torch.nn.utils.clip_grad_norm_ on the whole objective's gradient
-            g.mul_(torch.clamp(self.max_grad_norm / (g.norm() + 1e-6), max=1.0))
+        clip_grad_norm_(g, self.max_grad_norm)  # the whole objective's gradient, as the official code
 
     def upload(self, client: Client, w_end: torch.Tensor) -> dict[str, torch.Tensor]:
         out = super().upload(client, w_end)

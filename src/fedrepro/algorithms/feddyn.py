@@ -7,9 +7,11 @@ paper; Disco: re-weighted). Clients always train from that w. ``evaluate`` says 
 "server", w (the paper's server model), or "client_mean", sum_k p_k w_k without the -h / alpha term, which
 FedDyn's official code reports too (its avg_model) and which FedDisco's code reports as FedDyn's and
 FedDisco's accuracy (feddyn.py there evaluates only avg_model).
-Deviations from the official code (FedDyn's and FedDisco's copy): alpha is rescaled per client by
-mean(n)/n_k there, not here; it clips gradients at norm 10, we do not.
-alpha = 0 is FedAvg exactly: every extra term is skipped. (The limit alpha -> 0+ is not FedAvg:
+``max_grad_norm`` (0: off) clips as those codes do: ``clip_grad_norm_(10)`` after the backward pass of
+CE - <grad_k, w> - alpha <w_global, w>, whose alpha ||w||^2 / 2 part they leave to SGD's weight decay, which
+acts after the clipping; without it a client's linear term can blow its first steps up (collapses measured on
+digits). Deviation from those codes: alpha is rescaled per client by mean(n)/n_k there, not here.
+alpha = 0 with ``max_grad_norm=0`` is FedAvg exactly: every extra term is skipped. (The limit alpha -> 0+ is not FedAvg:
 -h / alpha = (1/N) x the sum of all past client updates, which does not vanish; alpha = 0 means "off".)
 """
 
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fedrepro.algorithms.base import Algorithm, Client, check_evaluated_model
+from fedrepro.algorithms.base import Algorithm, Client, check_evaluated_model, clip_grad_norm_
 
 if TYPE_CHECKING:
     from fedrepro.sim.flat import FlatModel
@@ -29,10 +31,10 @@ if TYPE_CHECKING:
 class FedDyn(Algorithm):
     name = "feddyn"
 
-    def __init__(self, alpha: float = 0.01, evaluate: str = "server") -> None:
+    def __init__(self, alpha: float = 0.01, max_grad_norm: float = 10.0, evaluate: str = "server") -> None:
         super().__init__()
         check_evaluated_model(self.name, evaluate)
-        self.alpha, self.evaluate = alpha, evaluate
+        self.alpha, self.max_grad_norm, self.evaluate = alpha, max_grad_norm, evaluate
 
     def setup(self, flat: FlatModel, num_clients: int, training: TrainingConfig) -> None:
         super().setup(flat, num_clients, training)
@@ -40,12 +42,14 @@ class FedDyn(Algorithm):
         self.state = {"grad": {}, "h": torch.zeros(self.num_params, device=self.device)}
 
     def correct_grad(self, w: torch.Tensor, g: torch.Tensor, client: Client) -> None:
-        if self.alpha == 0:
-            return
         grad_k = self.state["grad"].get(client.cid)
         if grad_k is not None:
             g.sub_(grad_k)
-        g.add_(w - client.w_start, alpha=self.alpha)
+        if self.alpha != 0:
+            g.sub_(client.w_start, alpha=self.alpha)
+        clip_grad_norm_(g, self.max_grad_norm)
+        if self.alpha != 0:
+            g.add_(w, alpha=self.alpha)  # the proximal term's alpha w: the official code's weight decay
 
     def upload(self, client: Client, w_end: torch.Tensor) -> dict[str, torch.Tensor]:
         out = super().upload(client, w_end)
