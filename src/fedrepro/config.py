@@ -24,6 +24,9 @@ EMBEDDED_RESULTS = "results"
 PAPER_RESULTS = "results/paper"
 TRAINING_KEYS = ("rounds", "local_epochs", "batch_size", "lr", "momentum", "weight_decay", "join_ratio",
                  "eval_every", "last_k", "checkpoint_every", "straggler_steps", "drop_last")
+# training keys a run spec carries only where the study sets them (absent: the engine's TrainingConfig default,
+# plain SGD at a constant rate, no early stop), so the specs and checkpoint digests of the other runs are unchanged
+OPTIONAL_TRAINING_KEYS = ("optimizer", "lr_decay", "lr_decay_every", "early_stop")
 
 
 class ConfigError(ValueError):
@@ -284,9 +287,12 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
                                                 study["settings"][s]["partition"]["clients"]):
             fail(f"settings.{s} / methods.{m}.weighting", problem)
         for key, value, why in fixed:
-            if training[key] != value:
+            if training.get(key, value) != value:
                 fail(f"settings.{s} / methods.{m}: training.{key}",
                      f"must be {value!r} in a `federation: {kind}` study ({why}), got {training[key]!r}")
+        if training.get("optimizer") == "adam" and training["momentum"]:
+            fail(f"settings.{s} / methods.{m}: training.momentum",
+                 f"must be 0 with optimizer: adam (Adam's moments are its own), got {training['momentum']!r}")
     for t, table in study["tables"].items():
         for j, col in enumerate(table["columns"]):
             for problem in average_column_problems(table, col):
@@ -593,6 +599,7 @@ def run_async(study: dict, setting: str) -> dict[str, Any]:
 def run_training(study: dict, setting: str, method: str) -> dict[str, Any]:
     """The training keys of one run: the study's defaults, overridden by the setting's, then the method's."""
     training = {k: study["defaults"][k] for k in TRAINING_KEYS}
+    training.update({k: study["defaults"][k] for k in OPTIONAL_TRAINING_KEYS if k in study["defaults"]})
     training.update(study["settings"][setting].get("training", {}))
     training.update(study["methods"][method].get("training", {}))
     return training

@@ -35,9 +35,13 @@ FEDERATIONS: dict[str, Federation] = {
         "fedrepro.models.groups:GROUPS", "fedrepro.hetero.job:train_hetero_job",
         fixed_training=(("momentum", 0.0, "clients train with plain SGD, as HtFLlib's"),
                         ("weight_decay", 0.0, "clients train with plain SGD, as HtFLlib's"),
-                        ("straggler_steps", None, "every client runs its local epochs"))),
+                        ("straggler_steps", None, "every client runs its local epochs"),
+                        ("optimizer", "sgd", "clients train with plain SGD, as HtFLlib's"),
+                        ("lr_decay_every", 0, "clients train at a constant learning rate, as HtFLlib's"),
+                        ("early_stop", 0, "its engine runs every round"))),
     "async": Federation("fedrepro.asyncfl.methods:METHODS", "fedrepro.asyncfl.methods:hyperparameters",
-                        "fedrepro.models:MODELS", "fedrepro.asyncfl.job:train_async_job"),
+                        "fedrepro.models:MODELS", "fedrepro.asyncfl.job:train_async_job",
+                        fixed_training=(("early_stop", 0, "its engine runs every round"),)),
 }
 
 

@@ -75,7 +75,7 @@ def write_run(out_dir: Path, spec: dict, seed: int, result: RunResult, device: t
     last = result.history[-1] if result.history else {}
     summary = {
         "study": spec["study"], "setting": spec["setting"], "method": spec["method"], "seed": seed,
-        "status": result.status, "diverged_round": result.diverged_round,
+        "status": result.status, "diverged_round": result.diverged_round, "stopped_round": result.stopped_round,
         "rounds": spec["training"]["rounds"], "last_k": spec["training"]["last_k"],
         **summarize(result, spec["training"]["last_k"]),
         "per_class_acc": result.per_class_acc,

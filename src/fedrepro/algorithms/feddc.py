@@ -74,7 +74,7 @@ class FedDC(Algorithm):
             self.state["h"][cid] = self.state["h"].get(cid, 0) + delta
         if self.grad_correction:
             old = self.state["g_k"].get(cid, torch.zeros_like(delta))
-            new = old - self.state["g"] - delta / (self.training.lr * max(client.steps, 1))
+            new = old - self.state["g"] - delta / (self.training.lr_at(client.round) * max(client.steps, 1))
             self.state["g_k"][cid] = new
             out["g_diff"] = new - old
         return out

@@ -126,14 +126,14 @@ class FedGTST(JacobianStats, Algorithm):
         return self._phi[1]
 
     def train_vanilla(self, client: Client) -> torch.Tensor:
-        """The client's plain-CE local training from the round's global model (the engine's SGD step:
-        weight decay, momentum, lr; its batch order), returning the final parameters."""
+        """The client's plain-CE local training from the round's global model (the engine's optimiser at the
+        round's learning rate; its batch order), returning the final parameters."""
         sim, flat, cfg = self.sim, self.flat, self.training
         idx = sim.clients[client.cid]
         x_all, y_all = sim.data.x_train, sim.data.y_train
         gen = torch.Generator().manual_seed(seeding.derive_seed(sim.seed, seeding.BATCHES, client.round, client.cid))
         flat.load(client.w_start)
-        buf = None
+        optimizer = cfg.local_optimizer(client.round)
         for _ in range(cfg.local_epochs):
             order = idx[torch.randperm(len(idx), generator=gen).to(idx.device)]
             for start in range(0, len(idx), cfg.batch_size):
@@ -142,13 +142,7 @@ class FedGTST(JacobianStats, Algorithm):
                 with torch.enable_grad():  # called from upload, which the engine runs under no_grad
                     F.cross_entropy(flat.model(x_all[batch]), y_all[batch]).backward()
                 with torch.no_grad():
-                    step = flat.g
-                    if cfg.weight_decay:
-                        step.add_(flat.w, alpha=cfg.weight_decay)
-                    if cfg.momentum:
-                        buf = step.clone() if buf is None else buf.mul_(cfg.momentum).add_(step)
-                        step = buf
-                    flat.w.add_(step, alpha=-cfg.lr)
+                    optimizer.step(flat.w, flat.g)
         flat.zero_grad()
         return flat.w.detach().clone()
 

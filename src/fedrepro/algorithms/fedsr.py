@@ -82,9 +82,9 @@ class FedSR(JacobianStats, Algorithm):
     def local_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, client: Client) -> torch.Tensor:
         if not self.active:
             return super().local_loss(model, x, y, client)
-        if client.steps == 0:  # a client's first batch: its copy of the extra parameters and its momentum
+        if client.steps == 0:  # a client's first batch: its copy of the extra parameters and their optimiser
             self._local = self.state["extra"].detach().clone().requires_grad_(True)
-            self._buf = None
+            self._optimizer = self.training.local_optimizer(client.round)
         p = self.views(self._local)
         z_mu = model.body(x)
         z_sigma = F.softplus(z_mu @ p["A"].T + p["b"])
@@ -100,15 +100,8 @@ class FedSR(JacobianStats, Algorithm):
         if not self.active:
             return
         # the engine has just back-propagated this batch: step the extra parameters as it steps w
-        cfg, e = self.training, self._local
-        step = e.grad
-        if cfg.weight_decay:
-            step = step.add(e.detach(), alpha=cfg.weight_decay)
-        if cfg.momentum:
-            self._buf = step.clone() if self._buf is None else self._buf.mul_(cfg.momentum).add_(step)
-            step = self._buf
-        e.data.add_(step, alpha=-cfg.lr)
-        e.grad = None
+        self._optimizer.step(self._local.data, self._local.grad)
+        self._local.grad = None
 
     def download(self, cid: int) -> dict[str, torch.Tensor]:
         return {"extra": self.state["extra"]} if self.active else {}

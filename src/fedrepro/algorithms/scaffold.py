@@ -58,7 +58,7 @@ class Scaffold(Algorithm):
     def upload(self, client: Client, w_end: torch.Tensor) -> dict[str, torch.Tensor]:
         c_k = self._c_local(client.cid)
         delta = w_end - client.w_start
-        c_new = c_k - self.state["c"] - delta / (client.steps * self.training.lr)
+        c_new = c_k - self.state["c"] - delta / (client.steps * self.training.lr_at(client.round))
         self.state["c_local"][client.cid] = c_new
         return {"delta": delta, "delta_c": c_new - c_k}
 

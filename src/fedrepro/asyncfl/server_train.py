@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from fedrepro.sim.flat import FlatModel
+from fedrepro.sim.vector_optim import VectorOptimizer
 
 
 def batches(n: int, batch_size: int, epochs: int, gen: torch.Generator, device: torch.device):
@@ -31,25 +32,12 @@ def train_vector(
     optimizer: str = "sgd",
 ) -> Tensor:
     """``epochs`` passes of ``batch_loss(indices)`` (a loss of the model bound to ``flat``) from ``w0``;
-    returns the trained vector. Adam is torch.optim.Adam's update with its defaults (betas 0.9, 0.999)."""
-    if optimizer not in ("sgd", "adam"):
-        raise ValueError(f"server optimizer {optimizer!r} is not one of ['sgd', 'adam']")
+    returns the trained vector. Plain SGD or torch.optim.Adam's update with its defaults (sim/vector_optim.py)."""
+    vector_optimizer = VectorOptimizer(optimizer, lr)
     flat.load(w0)
-    m = v = None
-    step = 0
     for idx in batches(n, batch_size, epochs, gen, w0.device):
         flat.zero_grad()
         batch_loss(idx).backward()
         with torch.no_grad():
-            g = flat.g
-            if optimizer == "sgd":
-                flat.w.add_(g, alpha=-lr)
-                continue
-            step += 1
-            if m is None:
-                m, v = torch.zeros_like(g), torch.zeros_like(g)
-            m.mul_(0.9).add_(g, alpha=0.1)
-            v.mul_(0.999).addcmul_(g, g, value=0.001)
-            denom = (v / (1 - 0.999**step)).sqrt_().add_(1e-8)
-            flat.w.addcdiv_(m, denom, value=-lr / (1 - 0.9**step))
+            vector_optimizer.step(flat.w, flat.g)
     return flat.w.detach().clone()

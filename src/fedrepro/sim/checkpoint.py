@@ -60,23 +60,24 @@ def restore_buffers(model: torch.nn.Module, saved: dict[str, torch.Tensor] | Non
 
 def close_round(rnd: int, rounds: int, diverged: bool, why: str, result: Any, checkpoint: Path | None,
                 fingerprint: str, every: int, payload: Callable[[], dict[str, Any]],
-                log: Callable[[str], None]) -> bool:
+                log: Callable[[str], None], finished: bool = False) -> bool:
     """The end of every engine's round: mark a divergence, checkpoint when due (every ``every`` rounds, at the
-    end, on divergence and on a stop signal; ``payload()`` builds what to save, only then), and stop: True to
-    leave the loop after a divergence; a stop signal (SIGTERM, preemption) raises Preempted once it is saved."""
+    end, on divergence, when the engine says the run is ``finished`` early and on a stop signal; ``payload()``
+    builds what to save, only then), and stop: True to leave the loop after a divergence or an early finish; a
+    stop signal (SIGTERM, preemption) raises Preempted once it is saved."""
     from fedrepro.sim.sync import _STOP, Preempted  # sync imports this module
 
     if diverged:
         result.status, result.diverged_round = "diverged", rnd
         log(f"diverged at round {rnd}: {why}")
-    done = diverged or rnd == rounds
+    done = diverged or finished or rnd == rounds
     stop = _STOP.is_set() and not done
     if checkpoint and (done or stop or rnd % every == 0):
         save_checkpoint(checkpoint, fingerprint, payload())
     if stop:
         raise Preempted(f"stopped by a signal after round {rnd}" +
                         (f"; checkpoint {checkpoint}" if checkpoint else " (no checkpoint)"))
-    return diverged
+    return diverged or finished
 
 
 def resume_progress(resumed: dict[str, Any], result: Any) -> tuple[int, int, int, float]:

@@ -21,6 +21,7 @@ from fedrepro.sim.batches import epoch_batches
 from fedrepro.sim.checkpoint import close_round, load_checkpoint, module_buffers, restore_buffers, resume_progress
 from fedrepro.sim.flat import FlatModel
 from fedrepro.sim.tensors import DeviceData, evaluate
+from fedrepro.sim.vector_optim import VectorOptimizer
 from fedrepro.sim.vectorized import train_side_by_side
 
 
@@ -54,6 +55,20 @@ class TrainingConfig:
     checkpoint_every: int = 10
     straggler_steps: list[int] | None = None  # [lo, hi]: local iterations drawn per client and round
     drop_last: bool = False  # drop each epoch's short last batch (sim/batches.py)
+    optimizer: str = "sgd"  # the clients' local optimiser: sgd or adam (sim/vector_optim.py)
+    lr_decay: float = 1.0  # the learning rate is multiplied by this every lr_decay_every rounds
+    lr_decay_every: int = 0  # 0: a constant learning rate
+    early_stop: int = 0  # stop once this many rounds pass without a better test accuracy (0: never)
+
+    def lr_at(self, rnd: int) -> float:
+        """The clients' learning rate in round ``rnd`` (1-based): step decay, lr x lr_decay^floor((rnd-1)/every)."""
+        if not self.lr_decay_every:
+            return self.lr
+        return self.lr * self.lr_decay ** ((rnd - 1) // self.lr_decay_every)
+
+    def local_optimizer(self, rnd: int) -> VectorOptimizer:
+        """A fresh optimiser for one local training in round ``rnd``."""
+        return VectorOptimizer(self.optimizer, self.lr_at(rnd), self.momentum, self.weight_decay)
 
 
 @dataclass
@@ -62,6 +77,7 @@ class RunResult:
     status: str = "complete"
     diverged_round: int | None = None
     per_class_acc: list[float] | None = None  # of the final model, in percent
+    stopped_round: int | None = None  # the round early stopping ended the run at (TrainingConfig.early_stop)
 
 
 def payload_bytes(tensors: dict[str, torch.Tensor]) -> int:
@@ -120,7 +136,7 @@ class FederatedRun:
         """What a checkpoint after round ``rnd`` holds."""
         return dict(round=rnd, w=w.cpu(), state=_to_device(self.alg.state, "cpu"), buffers=module_buffers(self.model),
                     history=result.history, status=result.status, diverged_round=result.diverged_round,
-                    bytes_up=bytes_up, bytes_down=bytes_down, seconds=seconds)
+                    stopped_round=result.stopped_round, bytes_up=bytes_up, bytes_down=bytes_down, seconds=seconds)
 
     def train_client(self, cid: int, rnd: int, w_global: torch.Tensor) -> tuple[dict, torch.Tensor, int]:
         """E local epochs of SGD from ``w_global``; returns (upload, summed batch loss, samples seen)."""
@@ -139,11 +155,12 @@ class FederatedRun:
     def local_sgd(self, client: Client, x_all: torch.Tensor, y_all: torch.Tensor,
                   batches: Iterable[torch.Tensor]) -> tuple[torch.Tensor, int]:
         """The clients' optimiser over ``batches`` (index tensors into x_all, y_all), in place on the model's
-        flat vector from whatever it holds: the method's local loss and gradient corrections, then weight decay,
-        momentum (a buffer fresh for each call, as every client's) and the SGD step with the run's learning rate.
-        Returns (summed batch loss, samples seen). Also a server that trains "like one more client" (HFCL)."""
-        cfg, flat, alg = self.cfg, self.flat, self.alg
-        momentum_buf = None
+        flat vector from whatever it holds: the method's local loss and gradient corrections, then the run's
+        optimiser (fresh for each call, as every client's; weight decay, momentum or Adam's moments) at the
+        round's learning rate. Returns (summed batch loss, samples seen). Also a server that trains "like one
+        more client" (HFCL)."""
+        flat, alg = self.flat, self.alg
+        optimizer = self.cfg.local_optimizer(client.round)
         loss_sum = torch.zeros((), device=flat.w.device)
         seen = 0
         for batch in batches:
@@ -151,17 +168,8 @@ class FederatedRun:
             loss = alg.local_loss(self.model, x_all[batch], y_all[batch], client)
             loss.backward()
             with torch.no_grad():
-                step = flat.g
-                alg.correct_grad(flat.w, step, client)
-                if cfg.weight_decay:
-                    step.add_(flat.w, alpha=cfg.weight_decay)
-                if cfg.momentum:
-                    if momentum_buf is None:
-                        momentum_buf = step.clone()
-                    else:
-                        momentum_buf.mul_(cfg.momentum).add_(step)
-                    step = momentum_buf
-                flat.w.add_(step, alpha=-cfg.lr)
+                alg.correct_grad(flat.w, flat.g, client)
+                optimizer.step(flat.w, flat.g)
                 loss_sum += loss.detach() * len(batch)
             seen += len(batch)
             client.steps += 1
@@ -216,6 +224,9 @@ class FederatedRun:
             self.log(f"resumed from {checkpoint} after round {resumed['round']}")
             if result.status == "diverged":
                 return result
+            result.stopped_round = resumed.get("stopped_round")
+            if result.stopped_round is not None:  # finished by early stopping: nothing left to train
+                start_round = cfg.rounds + 1
         model_bytes = w.numel() * w.element_size()
 
         for rnd in range(start_round, cfg.rounds + 1):
@@ -257,14 +268,26 @@ class FederatedRun:
                 )
                 self.log(f"round {rnd}/{cfg.rounds} acc {acc:.2f} loss {test_loss:.4f} "
                          f"train {train_loss:.4f} {seconds:.1f}s")
+            if not diverged and rnd < cfg.rounds and stalled(result.history, cfg.early_stop):
+                result.stopped_round = rnd
+                self.log(f"early stop after round {rnd}: no better test accuracy in {cfg.early_stop} rounds")
             if close_round(rnd, cfg.rounds, diverged, f"train loss {train_loss}", result, checkpoint, fingerprint,
                            cfg.checkpoint_every, partial(self.snapshot, rnd, w, result, bytes_up, bytes_down, seconds),
-                           self.log):
+                           self.log, finished=result.stopped_round is not None):
                 break
         self.flat.load(self.alg.evaluated_model(w))  # the reported model, also for what follows (fine-tuning)
         if result.per_class_acc is None:  # resumed from a finished checkpoint
             result.per_class_acc = evaluate(self.model, self.data.x_test, self.data.y_test, self.data.num_classes)[2]
         return result
+
+
+def stalled(history: list[dict], patience: int) -> bool:
+    """Early stopping's trigger: ``patience`` (> 0) rounds have passed since the round of the best test
+    accuracy so far (the first, among equals). The paper's "early stop trigger of 10 rounds" (FedGTST)."""
+    if not patience or not history:
+        return False
+    best = max(history, key=lambda row: row["test_acc"])  # max keeps the first of equal accuracies
+    return history[-1]["round"] - best["round"] >= patience
 
 
 def client_accuracy(class_counts: np.ndarray, per_class_acc: list[float | None]) -> dict[str, float]:

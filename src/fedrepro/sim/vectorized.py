@@ -52,7 +52,7 @@ def train_side_by_side(run: FederatedRun, cids: list[int], rnd: int,
 
     step_fn = vmap(grad_and_value(lane_loss))
     w = w_global.expand(m, -1).clone()
-    buf = None
+    optimizer = cfg.local_optimizer(rnd)  # one for all lanes: they start and step together
     loss_sums = torch.zeros(m, device=dev)
     seen = [0] * m
     x_all, y_all = run.data.x_train, run.data.y_train
@@ -70,14 +70,8 @@ def train_side_by_side(run: FederatedRun, cids: list[int], rnd: int,
         with torch.no_grad():
             for i in active:
                 alg.correct_grad(w[i], g[i], clients[i])
-            if cfg.weight_decay:
-                g.add_(w, alpha=cfg.weight_decay)
-            step = g
-            if cfg.momentum:
-                buf = g.clone() if buf is None else buf.mul_(cfg.momentum).add_(g)
-                step = buf
             live = (lengths > t).to(w.dtype).unsqueeze(1)  # finished clients stay where they are
-            w.sub_(step * live, alpha=cfg.lr)
+            optimizer.step(w, g, live)
             loss_sums += losses * mask.sum(1)
         for i in active:
             seen[i] += int(mask[i].sum())

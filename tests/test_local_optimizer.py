@@ -1,0 +1,135 @@
+"""The clients' optimisers on flat vectors (SGD, Adam), the per-round learning-rate schedule and early stopping:
+each equals what torch.optim and a written-out loop do."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import dirichlet_clients
+
+from fedrepro import seeding
+from fedrepro.algorithms import build_algorithm
+from fedrepro.models import build_model
+from fedrepro.sim.flat import FlatModel
+from fedrepro.sim.sync import FederatedRun, TrainingConfig, stalled
+from fedrepro.sim.vector_optim import VectorOptimizer
+
+CFG = TrainingConfig(rounds=3, local_epochs=1, batch_size=16, lr=0.01, weight_decay=1e-3, eval_every=1,
+                     checkpoint_every=1)
+
+
+def gradient_sequence(n=6, size=50):
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randn(size, generator=gen) for _ in range(n)]
+
+
+@pytest.mark.parametrize(("name", "torch_optimizer", "settings"), [
+    ("sgd", torch.optim.SGD, {"momentum": 0.9, "weight_decay": 1e-2}),
+    ("sgd", torch.optim.SGD, {"momentum": 0.0, "weight_decay": 0.0}),
+    ("adam", torch.optim.Adam, {"weight_decay": 1e-2}),
+])
+def test_vector_optimizer_steps_as_torch_optim(name, torch_optimizer, settings):
+    w0 = torch.linspace(-1, 1, 50)
+    p = torch.nn.Parameter(w0.clone())
+    reference = torch_optimizer([p], lr=0.05, **settings)
+    w = w0.clone()
+    ours = VectorOptimizer(name, 0.05, **settings)
+    for g in gradient_sequence():
+        p.grad = g.clone()
+        reference.step()
+        ours.step(w, g.clone())
+    assert torch.allclose(w, p.detach(), atol=1e-6)
+    assert not torch.allclose(w, w0)
+
+
+def test_side_by_side_lanes_that_finished_stay_put():
+    w = torch.ones(3, 4)
+    opt = VectorOptimizer("adam", 0.1)
+    opt.step(w, torch.ones(3, 4), live=torch.tensor([[1.0], [0.0], [1.0]]))
+    assert torch.equal(w[1], torch.ones(4)) and torch.allclose(w[0], torch.full((4,), 0.9))
+
+
+def test_adam_with_momentum_or_an_unknown_optimizer_is_refused():
+    with pytest.raises(ValueError, match=r"momentum 0.9 is an SGD setting"):
+        VectorOptimizer("adam", 0.01, momentum=0.9)
+    with pytest.raises(ValueError, match=r"optimizer 'rmsprop' is not one of \['sgd', 'adam'\]"):
+        VectorOptimizer("rmsprop", 0.01)
+
+
+def test_step_decay_multiplies_the_rate_every_lr_decay_every_rounds():
+    cfg = dataclasses.replace(CFG, lr=0.01, lr_decay=0.1, lr_decay_every=50)
+    assert [cfg.lr_at(r) for r in (1, 50)] == [0.01, 0.01]
+    assert cfg.lr_at(51) == pytest.approx(1e-3) and cfg.lr_at(100) == pytest.approx(1e-3)
+    assert cfg.lr_at(101) == pytest.approx(1e-4)
+    assert dataclasses.replace(CFG, lr_decay=0.1).lr_at(500) == CFG.lr  # no lr_decay_every: constant
+
+
+@pytest.fixture(scope="module")
+def parts(small_data):
+    return dirichlet_clients(small_data.y_train.numpy(), n_clients=3, beta=5.0)
+
+
+def make_run(data, parts, cfg, algorithm="fedavg"):
+    torch.manual_seed(seeding.derive_seed(0, seeding.INIT))
+    net = build_model("simple_cnn", data.shape, data.num_classes)
+    return FederatedRun(net, build_algorithm(algorithm), data, parts, cfg, {"kind": "size"}, 0, log=lambda m: None)
+
+
+def reference_training(run, cid, rnd, w_start, torch_optimizer, lr, **settings):
+    """One client's local epoch written out with ``torch_optimizer`` on the same batches."""
+    data, cfg = run.data, run.cfg
+    net = build_model("simple_cnn", data.shape, data.num_classes)
+    layout = FlatModel(net)
+    layout.load(w_start)
+    params = list(net.parameters())
+    opt = torch_optimizer(params, lr=lr, weight_decay=cfg.weight_decay, **settings)
+    gen = torch.Generator().manual_seed(seeding.derive_seed(run.seed, seeding.BATCHES, rnd, cid))
+    idx = run.clients[cid]
+    order = idx[torch.randperm(len(idx), generator=gen)]
+    for start in range(0, len(idx), cfg.batch_size):
+        b = order[start : start + cfg.batch_size]
+        opt.zero_grad()
+        F.cross_entropy(net(data.x_train[b]), data.y_train[b]).backward()
+        opt.step()
+    return layout.vector_of([p.detach() for p in params])
+
+
+@pytest.mark.parametrize(("optimizer", "torch_optimizer", "momentum"), [
+    ("adam", torch.optim.Adam, {}),
+    ("sgd", torch.optim.SGD, {"momentum": 0.9}),
+])
+def test_local_training_uses_the_configured_optimizer_at_the_rounds_decayed_rate(
+        small_data, parts, optimizer, torch_optimizer, momentum):
+    cfg = dataclasses.replace(CFG, optimizer=optimizer, lr_decay=0.1, lr_decay_every=2, **momentum)
+    run = make_run(small_data, parts, cfg)
+    w0 = run.flat.w.clone()
+    for rnd, lr in ((1, 0.01), (3, 0.001)):  # round 3 is after one decay
+        delta = run.train_client(1, rnd, w0)[0]["delta"]
+        expected = reference_training(run, 1, rnd, w0, torch_optimizer, lr, **momentum)
+        assert torch.allclose(w0 + delta, expected, atol=1e-5)
+
+
+def test_stalled_counts_rounds_since_the_first_best_accuracy():
+    history = [{"round": r, "test_acc": a} for r, a in ((2, 50.0), (4, 60.0), (6, 60.0), (8, 59.0))]
+    assert stalled(history, 4) and not stalled(history, 5)  # best first reached at round 4
+    assert not stalled(history, 0) and not stalled([], 3)
+
+
+def test_early_stop_ends_a_run_that_stopped_improving_and_its_checkpoint_stays_finished(small_data, parts, tmp_path):
+    # a learning rate too small to move the test accuracy: the best stays round 1's, so round 3 stops the run
+    cfg = dataclasses.replace(CFG, rounds=10, lr=1e-9, early_stop=2)
+    ckpt = tmp_path / "ckpt.pt"
+    run = make_run(small_data, parts, cfg)
+    logs = []
+    run.log = logs.append
+    result = run.run(ckpt, "fp")
+    assert [row["round"] for row in result.history] == [1, 2, 3]
+    assert result.stopped_round == 3 and result.status == "complete"
+    assert any("early stop after round 3" in m for m in logs)
+    again = make_run(small_data, parts, cfg)
+    resumed = again.run(ckpt, "fp")  # the finished checkpoint: nothing is trained again
+    assert resumed.history == result.history and resumed.stopped_round == 3
+    assert torch.equal(again.flat.w, run.flat.w)
