@@ -5,8 +5,8 @@ method's pure local objective (``Algorithm.functional_loss``) with every client'
 as the sequential engine draws it (same generators, same order), so the two engines agree to float
 tolerance. Ragged clients are handled by masking: a client's last, shorter batch (kept unless
 ``drop_last``, sim/batches.py) is padded and masked,
-and a client that has finished its local steps is frozen while the others go on. Gradient corrections,
-weight decay, momentum and uploads are the method's ordinary hooks, called per client on row views.
+and a client that has finished its local steps is frozen while the others go on. Gradient corrections and
+uploads are the method's ordinary hooks, called per client on row views; one optimiser steps every lane.
 
 Where it pays: many small models on a GPU, where one batched kernel replaces m tiny launches. On the
 2-core CPUs this project is tested on, vmap's batched convolutions (grouped convolutions underneath)
