@@ -57,6 +57,28 @@ def dirichlet_clients(labels, n_clients: int = 4, beta: float = 0.5, seed: int =
     return dirichlet_partition(np.asarray(labels), n_clients, beta, np.random.default_rng(seed), min_size=5)
 
 
+def sync_run(data, parts, algorithm: str = "fedavg", hparams: dict | None = None, cfg=None, seed: int = 0,
+             weighting: dict | None = None, model: str = "simple_cnn"):
+    """A FederatedRun of ``algorithm`` on ``parts``, its model initialised from the seed's INIT stream as a
+    train job initialises it; size weighting unless ``weighting``; silent."""
+    import torch
+
+    from fedrepro import seeding
+    from fedrepro.algorithms import build_algorithm
+    from fedrepro.models import build_model
+    from fedrepro.sim.sync import FederatedRun
+
+    torch.manual_seed(seeding.derive_seed(seed, seeding.INIT))
+    net = build_model(model, data.shape, data.num_classes)
+    return FederatedRun(net, build_algorithm(algorithm, **(hparams or {})), data, parts, cfg,
+                        weighting or {"kind": "size"}, seed, log=lambda m: None)
+
+
+def history_rows(result, drop: tuple[str, ...] = ("seconds",)) -> list[dict]:
+    """A run's per-evaluation rows without ``drop`` (wall-clock seconds differ between identical runs)."""
+    return [{k: v for k, v in row.items() if k not in drop} for row in result.history]
+
+
 @pytest.fixture(scope="session")
 def tiny_pipeline(tmp_path_factory):
     """The tiny study (tests/data/tiny_study.yaml) run end to end by snakemake once per test session, with

@@ -4,32 +4,26 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from functools import partial
 
 import numpy as np
 import pytest
 import torch
-from conftest import dirichlet_clients
+from conftest import dirichlet_clients, history_rows, sync_run
 
-from fedrepro import seeding
 from fedrepro.algorithms import build_algorithm
 from fedrepro.algorithms.base import Client
 from fedrepro.algorithms.fednova import a_norm
-from fedrepro.models import build_model
-from fedrepro.sim.sync import FederatedRun, TrainingConfig
+from fedrepro.sim.sync import TrainingConfig
 
 CFG = TrainingConfig(rounds=2, local_epochs=1, batch_size=16, lr=0.05, momentum=0.5, weight_decay=1e-4,
                      eval_every=1, checkpoint_every=1)
 
 
-def make_run(data, parts, algorithm="fedavg", hparams=None, cfg=CFG, seed=0):
-    torch.manual_seed(seeding.derive_seed(seed, seeding.INIT))
-    net = build_model("simple_cnn", data.shape, data.num_classes)
-    return FederatedRun(net, build_algorithm(algorithm, **(hparams or {})), data, parts, cfg,
-                        {"kind": "size"}, seed, log=lambda m: None)
+make_run = partial(sync_run, cfg=CFG, model="simple_cnn")
 
 
-def metrics(result):
-    return [{k: v for k, v in row.items() if k != "seconds"} for row in result.history]
+metrics = history_rows
 
 
 def size_weights(parts):

@@ -6,19 +6,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from functools import partial
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import dirichlet_clients
+from conftest import dirichlet_clients, history_rows, sync_run
 
 from fedrepro import seeding
 from fedrepro.algorithms import build_algorithm
 from fedrepro.algorithms.base import Client
 from fedrepro.models import build_model
 from fedrepro.sim.flat import FlatModel
-from fedrepro.sim.sync import FederatedRun, TrainingConfig
+from fedrepro.sim.sync import TrainingConfig
 from fedrepro.sim.tensors import evaluate
 
 MODEL = "simple_cnn"
@@ -26,15 +27,10 @@ CFG = TrainingConfig(rounds=3, local_epochs=2, batch_size=16, lr=0.05, momentum=
                      eval_every=1, checkpoint_every=1)
 
 
-def make_run(data, parts, algorithm="fedavg", hparams=None, cfg=CFG, seed=0):
-    torch.manual_seed(seeding.derive_seed(seed, seeding.INIT))
-    net = build_model(MODEL, data.shape, data.num_classes)
-    return FederatedRun(net, build_algorithm(algorithm, **(hparams or {})), data, parts, cfg,
-                        {"kind": "size"}, seed, log=lambda m: None)
+make_run = partial(sync_run, cfg=CFG, model=MODEL)
 
 
-def metrics(result):
-    return [{k: v for k, v in row.items() if k != "seconds"} for row in result.history]
+metrics = history_rows
 
 
 def net_at(data, vector):

@@ -4,34 +4,29 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from functools import partial
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import dirichlet_clients
+from conftest import dirichlet_clients, history_rows, sync_run
 
 from fedrepro import seeding
-from fedrepro.algorithms import build_algorithm
 from fedrepro.models import build_model
 from fedrepro.sim.batches import batches_per_epoch, epoch_batches
 from fedrepro.sim.checkpoint import CheckpointError
 from fedrepro.sim.flat import FlatModel
-from fedrepro.sim.sync import FederatedRun, TrainingConfig
+from fedrepro.sim.sync import TrainingConfig
 
 CFG = TrainingConfig(rounds=3, local_epochs=2, batch_size=16, lr=0.05, momentum=0.5, weight_decay=1e-4,
                      eval_every=1, checkpoint_every=1)
 
 
-def make_run(data, parts, algorithm="fedavg", hparams=None, cfg=CFG, seed=0, weighting=None, model="cnn4"):
-    torch.manual_seed(seeding.derive_seed(seed, seeding.INIT))
-    net = build_model(model, data.shape, data.num_classes)
-    return FederatedRun(net, build_algorithm(algorithm, **(hparams or {})), data, parts, cfg,
-                        weighting or {"kind": "size"}, seed, log=lambda m: None)
+make_run = partial(sync_run, cfg=CFG, model="cnn4")
 
 
-def metrics(result):
-    return [{k: v for k, v in row.items() if k != "seconds"} for row in result.history]
+metrics = history_rows
 
 
 def test_flat_model_gradients_land_in_the_flat_vector():

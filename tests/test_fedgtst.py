@@ -5,12 +5,13 @@ a checkpoint."""
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import dirichlet_clients
+from conftest import dirichlet_clients, history_rows, sync_run
 from torch import nn
 
 from fedrepro import seeding
@@ -30,15 +31,10 @@ CFG = TrainingConfig(rounds=2, local_epochs=1, batch_size=32, lr=0.05, momentum=
 STAT_COLUMNS = ("jac_norm", "jac_var", "guide_norm")
 
 
-def make_run(data, parts, algorithm="fedavg", hparams=None, cfg=CFG, seed=0):
-    torch.manual_seed(seeding.derive_seed(seed, seeding.INIT))
-    net = build_model(MODEL, data.shape, data.num_classes)
-    return FederatedRun(net, build_algorithm(algorithm, **(hparams or {})), data, parts, cfg,
-                        {"kind": "size"}, seed, log=lambda m: None)
+make_run = partial(sync_run, cfg=CFG, model=MODEL)
 
 
-def metrics(result, drop=("seconds",)):
-    return [{k: v for k, v in row.items() if k not in drop} for row in result.history]
+metrics = history_rows
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,12 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import dirichlet_clients
+from conftest import dirichlet_clients, sync_run
 
 from fedrepro import seeding
-from fedrepro.algorithms import build_algorithm
 from fedrepro.models import build_model
 from fedrepro.sim.flat import FlatModel
-from fedrepro.sim.sync import FederatedRun, TrainingConfig, stalled
+from fedrepro.sim.sync import TrainingConfig, stalled
 from fedrepro.sim.vector_optim import VectorOptimizer
 
 CFG = TrainingConfig(rounds=3, local_epochs=1, batch_size=16, lr=0.01, weight_decay=1e-3, eval_every=1,
@@ -72,12 +71,6 @@ def parts(small_data):
     return dirichlet_clients(small_data.y_train.numpy(), n_clients=3, beta=5.0)
 
 
-def make_run(data, parts, cfg, algorithm="fedavg"):
-    torch.manual_seed(seeding.derive_seed(0, seeding.INIT))
-    net = build_model("simple_cnn", data.shape, data.num_classes)
-    return FederatedRun(net, build_algorithm(algorithm), data, parts, cfg, {"kind": "size"}, 0, log=lambda m: None)
-
-
 def reference_training(run, cid, rnd, w_start, torch_optimizer, lr, **settings):
     """One client's local epoch written out with ``torch_optimizer`` on the same batches."""
     data, cfg = run.data, run.cfg
@@ -104,7 +97,7 @@ def reference_training(run, cid, rnd, w_start, torch_optimizer, lr, **settings):
 def test_local_training_uses_the_configured_optimizer_at_the_rounds_decayed_rate(
         small_data, parts, optimizer, torch_optimizer, momentum):
     cfg = dataclasses.replace(CFG, optimizer=optimizer, lr_decay=0.1, lr_decay_every=2, **momentum)
-    run = make_run(small_data, parts, cfg)
+    run = sync_run(small_data, parts, cfg=cfg)
     w0 = run.flat.w.clone()
     for rnd, lr in ((1, 0.01), (3, 0.001)):  # round 3 is after one decay
         delta = run.train_client(1, rnd, w0)[0]["delta"]
@@ -122,14 +115,14 @@ def test_early_stop_ends_a_run_that_stopped_improving_and_its_checkpoint_stays_f
     # a learning rate too small to move the test accuracy: the best stays round 1's, so round 3 stops the run
     cfg = dataclasses.replace(CFG, rounds=10, lr=1e-9, early_stop=2)
     ckpt = tmp_path / "ckpt.pt"
-    run = make_run(small_data, parts, cfg)
+    run = sync_run(small_data, parts, cfg=cfg)
     logs = []
     run.log = logs.append
     result = run.run(ckpt, "fp")
     assert [row["round"] for row in result.history] == [1, 2, 3]
     assert result.stopped_round == 3 and result.status == "complete"
     assert any("early stop after round 3" in m for m in logs)
-    again = make_run(small_data, parts, cfg)
+    again = sync_run(small_data, parts, cfg=cfg)
     resumed = again.run(ckpt, "fp")  # the finished checkpoint: nothing is trained again
     assert resumed.history == result.history and resumed.stopped_round == 3
     assert torch.equal(again.flat.w, run.flat.w)
