@@ -85,6 +85,11 @@ def test_setting_and_method_overrides_win_over_defaults(config):
         (lambda c: c["studies"]["fedl2g"]["methods"]["fedproto"].update(training={"momentum": 0.9}),
          r"fedl2g.*settings.pat / methods.fedproto: training.momentum: must be 0.0 in a `federation: hetero` "
          r"study \(clients train with plain SGD"),
+        (lambda c: c["studies"]["fedl2g"]["defaults"].update(optimizer="adam"),
+         r"fedl2g.*training.optimizer: must be 'sgd' in a `federation: hetero` study"),
+        (lambda c: study(c)["defaults"].update(optimizer="adam"),
+         r"settings.niid1 / methods.\S+: training.momentum: must be 0 with optimizer: adam .*got 0.9"),
+        (lambda c: study(c)["defaults"].update(optimizer="adagrad"), r"defaults.optimizer: 'adagrad' is not one of"),
         (lambda c: c["studies"]["fedl2g"].update(federation="hetro"), r"federation: 'hetro' is not one of"),
         (lambda c: study(c)["settings"]["niid1"]["partition"].update(pool_test=True),
          r"settings.niid1.partition.pool_test: only a `federation: hetero` study"),
