@@ -74,6 +74,39 @@ def sync_run(data, parts, algorithm: str = "fedavg", hparams: dict | None = None
                         weighting or {"kind": "size"}, seed, log=lambda m: None)
 
 
+def reference_local_training(run, cid: int, rnd: int, w_start, make_optimizer, extra=None,
+                             model: str = "simple_cnn"):
+    """Client ``cid``'s local training in round ``rnd`` written out with torch.optim, by autograd: the engine's
+    batches (same generator), ``make_optimizer(params)`` on CE (+ ``extra(w)`` of the flat vector); returns the
+    final parameters in the engine's vector layout."""
+    import torch
+    import torch.nn.functional as F
+
+    from fedrepro import seeding
+    from fedrepro.models import build_model
+    from fedrepro.sim.flat import FlatModel
+
+    cfg, data = run.cfg, run.data
+    net = build_model(model, data.shape, data.num_classes)
+    FlatModel(net).load(w_start)  # the engine's vector layout
+    params = list(net.parameters())
+    layout = FlatModel(build_model(model, data.shape, data.num_classes))
+    opt = make_optimizer(params)
+    gen = torch.Generator().manual_seed(seeding.derive_seed(run.seed, seeding.BATCHES, rnd, cid))
+    idx = run.clients[cid]
+    for _ in range(cfg.local_epochs):
+        order = idx[torch.randperm(len(idx), generator=gen)]
+        for start in range(0, len(idx), cfg.batch_size):
+            b = order[start : start + cfg.batch_size]
+            opt.zero_grad()
+            loss = F.cross_entropy(net(data.x_train[b]), data.y_train[b])
+            if extra is not None:
+                loss = loss + extra(layout.vector_of(params))
+            loss.backward()
+            opt.step()
+    return layout.vector_of([p.detach() for p in params])
+
+
 def history_rows(result, drop: tuple[str, ...] = ("seconds",)) -> list[dict]:
     """A run's per-evaluation rows without ``drop`` (wall-clock seconds differ between identical runs)."""
     return [{k: v for k, v in row.items() if k not in drop} for row in result.history]

@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import dirichlet_clients, history_rows, sync_run
+from conftest import dirichlet_clients, history_rows, reference_local_training, sync_run
 
-from fedrepro import seeding
 from fedrepro.algorithms import build_algorithm
 from fedrepro.algorithms.base import Client
 from fedrepro.models import build_model
@@ -41,22 +40,9 @@ def net_at(data, vector):
 
 def reference_sgd(run, cid, rnd, w_start, extra):
     """The client's local training written out with torch.optim.SGD on CE + extra(w), by autograd."""
-    cfg, data = run.cfg, run.data
-    net = net_at(data, w_start)
-    params = list(net.parameters())
-    layout = FlatModel(build_model(MODEL, data.shape, data.num_classes))
-    opt = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    gen = torch.Generator().manual_seed(seeding.derive_seed(run.seed, seeding.BATCHES, rnd, cid))
-    idx = run.clients[cid]
-    for _ in range(cfg.local_epochs):
-        order = idx[torch.randperm(len(idx), generator=gen)]
-        for start in range(0, len(idx), cfg.batch_size):
-            b = order[start : start + cfg.batch_size]
-            opt.zero_grad()
-            loss = F.cross_entropy(net(data.x_train[b]), data.y_train[b])
-            (loss + extra(layout.vector_of(params))).backward()
-            opt.step()
-    return layout.vector_of([p.detach() for p in params])
+    cfg = run.cfg
+    return reference_local_training(run, cid, rnd, w_start, lambda params: torch.optim.SGD(
+        params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay), extra, model=MODEL)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -7,12 +7,8 @@ import dataclasses
 
 import pytest
 import torch
-import torch.nn.functional as F
-from conftest import dirichlet_clients, sync_run
+from conftest import dirichlet_clients, reference_local_training, sync_run
 
-from fedrepro import seeding
-from fedrepro.models import build_model
-from fedrepro.sim.flat import FlatModel
 from fedrepro.sim.sync import TrainingConfig, stalled
 from fedrepro.sim.vector_optim import VectorOptimizer
 
@@ -71,25 +67,6 @@ def parts(small_data):
     return dirichlet_clients(small_data.y_train.numpy(), n_clients=3, beta=5.0)
 
 
-def reference_training(run, cid, rnd, w_start, torch_optimizer, lr, **settings):
-    """One client's local epoch written out with ``torch_optimizer`` on the same batches."""
-    data, cfg = run.data, run.cfg
-    net = build_model("simple_cnn", data.shape, data.num_classes)
-    layout = FlatModel(net)
-    layout.load(w_start)
-    params = list(net.parameters())
-    opt = torch_optimizer(params, lr=lr, weight_decay=cfg.weight_decay, **settings)
-    gen = torch.Generator().manual_seed(seeding.derive_seed(run.seed, seeding.BATCHES, rnd, cid))
-    idx = run.clients[cid]
-    order = idx[torch.randperm(len(idx), generator=gen)]
-    for start in range(0, len(idx), cfg.batch_size):
-        b = order[start : start + cfg.batch_size]
-        opt.zero_grad()
-        F.cross_entropy(net(data.x_train[b]), data.y_train[b]).backward()
-        opt.step()
-    return layout.vector_of([p.detach() for p in params])
-
-
 @pytest.mark.parametrize(("optimizer", "torch_optimizer", "momentum"), [
     ("adam", torch.optim.Adam, {}),
     ("sgd", torch.optim.SGD, {"momentum": 0.9}),
@@ -101,7 +78,8 @@ def test_local_training_uses_the_configured_optimizer_at_the_rounds_decayed_rate
     w0 = run.flat.w.clone()
     for rnd, lr in ((1, 0.01), (3, 0.001)):  # round 3 is after one decay
         delta = run.train_client(1, rnd, w0)[0]["delta"]
-        expected = reference_training(run, 1, rnd, w0, torch_optimizer, lr, **momentum)
+        expected = reference_local_training(run, 1, rnd, w0, lambda params, lr=lr: torch_optimizer(
+            params, lr=lr, weight_decay=cfg.weight_decay, **momentum))
         assert torch.allclose(w0 + delta, expected, atol=1e-5)
 
 
