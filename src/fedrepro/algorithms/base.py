@@ -5,7 +5,7 @@ autograd: proximal pulls, control variates, drift), ``upload`` (what the client 
 Server side: ``server_begin`` / ``server_receive`` / ``server_end`` stream the sampled clients' uploads
 into the next global vector, so a round holds O(params) memory however many clients it samples.
 Everything that must survive a checkpoint lives in ``self.state`` (tensors or dicts of tensors keyed
-by client id).
+by client id); ``state_bytes_per_client`` declares how much of it grows with the number of clients.
 """
 
 from __future__ import annotations
@@ -112,6 +112,11 @@ class Algorithm:
 
     def server_end(self, w_global: torch.Tensor) -> torch.Tensor:
         return w_global + self._sum
+
+    def state_bytes_per_client(self, num_params: int) -> int:
+        """Bytes of state kept for every client that has trained (for a model of ``num_params`` parameters):
+        the part of the run's memory and checkpoints that grows with the number of clients."""
+        return 0
 
     def evaluated_model(self, w_global: torch.Tensor) -> torch.Tensor:
         """The vector the engine tests after a round: the global model the clients train from, unless a

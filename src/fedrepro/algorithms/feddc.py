@@ -53,6 +53,9 @@ class FedDC(Algorithm):
         # h, g_k: client id -> drift, local gradient state; h_mean = (1/N) sum_k h_k and g on the server
         self.state = {"h": {}, "h_mean": zeros, "g_k": {}, "g": zeros.clone()}
 
+    def state_bytes_per_client(self, num_params: int) -> int:
+        return 4 * num_params * ((self.alpha != 0) + self.grad_correction)  # h_k and g_k, float32
+
     def download(self, cid: int) -> dict[str, torch.Tensor]:
         return {"g": self.state["g"]} if self.grad_correction else {}
 

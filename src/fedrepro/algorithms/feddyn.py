@@ -59,6 +59,9 @@ class FedDyn(Algorithm):
             grads[client.cid] = grads.get(client.cid, 0) - self.alpha * out["delta"]
         return out
 
+    def state_bytes_per_client(self, num_params: int) -> int:
+        return 4 * num_params if self.alpha != 0 else 0  # grad_k, float32
+
     def server_receive(self, cid: int, upload: dict[str, torch.Tensor], weight: float) -> None:
         super().server_receive(cid, upload, weight)
         if self.alpha != 0:

@@ -49,6 +49,9 @@ class Moon(Algorithm):
         super().setup(flat, num_clients, training)
         self.state = {"prev": {}}  # client id -> its last local model (flat vector)
 
+    def state_bytes_per_client(self, num_params: int) -> int:
+        return 4 * num_params if self.mu != 0 else 0  # the previous local model, float32
+
     def features(self, model: nn.Module, vector: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``model.body(x)`` with the parameters ``vector``, without gradient."""
         with torch.no_grad():

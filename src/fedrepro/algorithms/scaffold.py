@@ -65,6 +65,9 @@ class Scaffold(Algorithm):
     def download(self, cid: int) -> dict[str, torch.Tensor]:
         return {"c": self.state["c"]}
 
+    def state_bytes_per_client(self, num_params: int) -> int:
+        return 4 * num_params  # c_k, float32
+
     def server_begin(self, w_global: torch.Tensor, sampled: np.ndarray, weights: np.ndarray) -> None:
         super().server_begin(w_global, sampled, weights)
         self._sum_c = torch.zeros_like(w_global)

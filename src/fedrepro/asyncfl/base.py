@@ -7,7 +7,9 @@ A round (asyncfl/engine.py): ``round_begin``; for each update that arrives this 
 ``round_end`` (FedAvg's average, Feddle's coefficient search). ``server_data`` says which server-side data
 set a method trains on (None, "in_domain" or "out_of_domain"); the engine hands it over in ``setup``.
 Everything that must survive a checkpoint lives in ``self.state`` (tensors, numbers, lists and dicts of them);
-what ``receive`` buffers within a round is cleared by ``round_end`` before any checkpoint.
+what ``receive`` buffers within a round is cleared by ``round_end`` before any checkpoint. State that grows with
+the number of clients is declared (``state_bytes_per_client``, to project memory to a paper's client count) and
+kept in host memory, never on the run's device (``host_state``: CA2FL's cache).
 
 BatchNorm running statistics (the model's floating-point buffers, sim/flat.py ``FlatModel.buffers``; None
 everywhere for a model without any) are part of the global model, ``run.global_buffers``, and follow one rule:
@@ -40,9 +42,12 @@ from torch import Tensor
 
 from fedrepro import seeding
 from fedrepro.asyncfl.server_train import train_vector
+from fedrepro.sim.sync import _to_device
 
 if TYPE_CHECKING:  # the engine imports this module, so only for annotations
     from fedrepro.asyncfl.engine import AsyncRun
+
+HOST = torch.device("cpu")  # where ``host_state`` lives, whatever the run's device
 
 
 @dataclass
@@ -63,6 +68,8 @@ class AsyncMethod:
 
     name: ClassVar[str] = "fedavg"
     uses_clients: ClassVar[bool] = True  # False: no client is ever sampled (Center)
+    # entries of ``state`` kept in host memory on any device: per-client vectors would not fit on a GPU
+    host_state: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self) -> None:
         self.state: dict[str, Any] = {}
@@ -74,6 +81,16 @@ class AsyncMethod:
         ``run.server_y`` hold the server data this method asked for (None without)."""
         self.run = run
         self.flat, self.model = run.flat, run.model
+
+    def state_bytes_per_client(self, num_params: int) -> int:
+        """Bytes of state kept for every client that ever reports (for a model of ``num_params`` parameters):
+        the part of the server's memory and checkpoints that grows with the number of clients."""
+        return 0
+
+    def load_state(self, state: dict[str, Any], device: torch.device | str) -> None:
+        """Restore ``state`` (a checkpoint's, on the CPU) onto ``device``, the ``host_state`` entries in host
+        memory, where torch.load put them: they are used as loaded, without a copy."""
+        self.state = {k: _to_device(v, HOST if k in self.host_state else device) for k, v in state.items()}
 
     # ----- server
     def round_begin(self, w: Tensor, rnd: int) -> None:

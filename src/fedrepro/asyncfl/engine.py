@@ -229,7 +229,8 @@ class AsyncRun:
     def snapshot(self, rnd: int, w: Tensor, result: RunResult, inflight: list[InFlight], snapshots: dict[int, Tensor],
                  buffer_snapshots: dict[int, Tensor], bytes_up: int, bytes_down: int, seconds: float,
                  measured: int) -> dict:
-        """What a checkpoint after round ``rnd`` holds."""
+        """What a checkpoint after round ``rnd`` holds. The method's ``host_state`` (CA2FL's cache) is on the
+        CPU already: saved as it is, not copied (at paper scale a copy would double tens of GB of host memory)."""
         return dict(round=rnd, async_format=ASYNC_FORMAT, w=w.cpu(), state=_to_device(self.method.state, "cpu"),
                     global_buffers=_to_device(self.global_buffers, "cpu"),
                     inflight=[dataclasses.astuple(f) for f in inflight],
@@ -264,7 +265,7 @@ class AsyncRun:
                     "travel with client updates); delete it to start this run from scratch")
             dev = w.device
             w = resumed["w"].to(dev)
-            method.state = _to_device(resumed["state"], dev)
+            method.load_state(resumed["state"], dev)
             self.global_buffers = _to_device(resumed["global_buffers"], dev)
             inflight = [InFlight(*entry) for entry in resumed["inflight"]]
             snapshots = {int(r): v.to(dev) for r, v in resumed["snapshots"].items()}
