@@ -157,7 +157,9 @@ def make_ham(raw: Path) -> dict[str, tuple[int, tuple[int, int, int]]]:
 def test_ham10000_prepare(tmp_path: Path) -> None:
     raw = tmp_path / "raw"
     truth = make_ham(raw)
-    assert [p.name for p in download_dataset("ham10000", raw)] == raw_files("ham10000") == list(fs.HAM_FILES)
+    stand_ins = {f: md5((raw / f).read_bytes()) for f in fs.HAM_FILES}  # they pass as the Dataverse files
+    assert [p.name for p in download_dataset("ham10000", raw, checksums=stand_ins)] == raw_files("ham10000") == list(
+        fs.HAM_FILES)
     meta = prepare_dataset("ham10000", tmp_path / "ham.npz", raw)
     p = load_prepared(tmp_path / "ham.npz")
     assert p.x_train.shape == (sum(HAM_COUNTS) - 210, 56, 56, 3) and p.x_test.shape == (210, 56, 56, 3)

@@ -6,6 +6,7 @@ the real formats (idx gz, BSR_bsds500.tgz with JPEGs, DomainNet zips and split l
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import tarfile
@@ -61,7 +62,7 @@ def test_mnist_m_download_and_prepare_follow_the_recipe(tmp_path: Path, server: 
     files[mnist_m.BSDS_FILE] = bsds_tgz()
     server.files.update(files)
     raw = tmp_path / "raw"
-    checks = {f: md5(b) for f, b in files.items() if f != mnist_m.BSDS_FILE}  # BSDS500: no published md5
+    checks = {f: md5(b) for f, b in files.items()}  # the small stand-ins pass as the official files
     paths = download_dataset("mnist_m", raw, mirror=server.url, checksums=checks)
     assert [p.name for p in paths] == raw_files("mnist_m") == list(mnist_m.FILES)
     prepare_dataset("mnist_m", tmp_path / "mnist_m.npz", raw)
@@ -82,14 +83,15 @@ def test_mnist_m_download_and_prepare_follow_the_recipe(tmp_path: Path, server: 
     assert np.array_equal(again[0], p.x_train)
 
 
-def test_mnist_m_download_step_records_the_unpinned_archive(tmp_path: Path, server: FileServer,  # noqa: F811
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_mnist_m_download_step_checks_the_archive_by_sha256(tmp_path: Path, server: FileServer,  # noqa: F811
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     files, _ = make_mnist()
     files[mnist_m.BSDS_FILE] = tgz = bsds_tgz()
     server.files.update(files)
-    for fname, data in files.items():  # the small MNIST stand-ins pass as the official files
+    for fname, data in files.items():  # the small stand-ins pass as the official files
         if fname != mnist_m.BSDS_FILE:
             monkeypatch.setitem(vision.SOURCES["mnist"].files, fname, md5(data))
+    monkeypatch.setattr(mnist_m, "BSDS_SHA256", hashlib.sha256(tgz).hexdigest())
     raw = tmp_path / "raw"
     pipeline.download("mnist_m", raw, server.url, log=lambda m: None)  # the rule's step
     record = json.loads((raw / "MANIFEST.json").read_text())
@@ -97,16 +99,17 @@ def test_mnist_m_download_step_records_the_unpinned_archive(tmp_path: Path, serv
     assert record["files"][mnist_m.BSDS_FILE] == {"md5": md5(tgz), "bytes": len(tgz)}
 
 
-def test_unpinned_fetch_checks_length_and_keeps_a_copy(tmp_path: Path, server: FileServer) -> None:  # noqa: F811
+def test_acknowledged_unpinned_fetch_checks_length_and_keeps_a_copy(tmp_path: Path,
+                                                                    server: FileServer) -> None:  # noqa: F811
     server.files["a.bin"] = b"x" * 100
-    dest = fetch(server.url + "a.bin", tmp_path / "a.bin", None)
+    dest = fetch(server.url + "a.bin", tmp_path / "a.bin", None, unpinned_ok=True)
     assert dest.read_bytes() == b"x" * 100
     server.files["a.bin"] = b"y" * 100
-    assert fetch(server.url + "a.bin", dest, None).read_bytes() == b"x" * 100  # kept, not fetched again
+    assert fetch(server.url + "a.bin", dest, None, unpinned_ok=True).read_bytes() == b"x" * 100  # kept
     server.cut_off.add("b.bin")
     server.files["b.bin"] = b"z" * 100
     with pytest.raises(ChecksumError, match="truncated"):
-        fetch(server.url + "b.bin", tmp_path / "b.bin", None)
+        fetch(server.url + "b.bin", tmp_path / "b.bin", None, unpinned_ok=True)
 
 
 def test_mnist_m_official_sources() -> None:

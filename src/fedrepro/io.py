@@ -7,7 +7,10 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
@@ -66,6 +69,30 @@ def open_npz(path: str | os.PathLike, what: str):
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
         raise ValueError(f"{path}: corrupt or not a {what} ({type(exc).__name__}: {exc}); delete it and rerun "
                          "snakemake to rebuild it") from exc
+
+
+# Bytes read at a time by read_npz_into (numpy reads .npz members in blocks of this size too)
+READ_BLOCK_BYTES = 16 * 2**20
+
+
+def read_npz_into(npz: np.lib.npyio.NpzFile, key: str, out: np.ndarray) -> np.ndarray:
+    """Read array ``key`` of an open .npz (``open_npz``) into ``out``, a C-contiguous array of its shape and
+    dtype (e.g. a slice of a larger array), a block at a time: np.load would build a new array, which a
+    caller gathering several files into one then holds twice."""
+    import numpy as np
+
+    with npz.zip.open(f"{key}.npy") as fh:
+        version = np.lib.format.read_magic(fh)
+        header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran_order, dtype = header(fh)
+        if shape != out.shape or dtype != out.dtype or fortran_order or not out.flags.c_contiguous:
+            raise ValueError(f"{key} is {dtype} {shape}, cannot read it into a {out.dtype} {out.shape} array")
+        target = memoryview(out.reshape(-1).view(np.uint8))
+        for start in range(0, len(target), READ_BLOCK_BYTES):
+            block = target[start : start + READ_BLOCK_BYTES]
+            if fh.readinto(block) != len(block):
+                raise ValueError(f"{key} ends before its {out.nbytes} bytes")
+    return out
 
 
 def _jsonable(obj: Any) -> Any:

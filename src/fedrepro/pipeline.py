@@ -37,18 +37,23 @@ def rule_log(path: str | Path | None) -> Iterator[Callable[[str], None]]:
 
 
 def download(dataset: str, raw_dir: Path, mirror: str | None, log: Callable[[str], None],
-             local_dirs: list[str] | None = None) -> None:
+             local_dirs: list[str] | None = None, checksums: dict[str, str] | None = None) -> None:
+    """The download_dataset rule's step: fetch (or check the hand-placed) raw files of ``dataset``, each
+    against its pinned checksum or the one ``checksums`` (config key checksums) gives by file name."""
     from fedrepro.data.download import md5sum
     from fedrepro.data.registry import download_dataset
     from fedrepro.io import atomic_write_json
 
     if local_dirs:
         log(f"{dataset}: looking in {', '.join(local_dirs)} before the network")
-    paths = download_dataset(dataset, Path(raw_dir), mirror=mirror, local_dirs=local_dirs or ())
+    for fname, checksum in (checksums or {}).items():
+        log(f"{dataset}: {fname} is checked against the config's checksum {checksum}, not the pinned one")
+    paths = download_dataset(dataset, Path(raw_dir), mirror=mirror, checksums=checksums or None,
+                             local_dirs=local_dirs or ())
     for p in paths:
         log(f"{dataset}: {p} ({p.stat().st_size} bytes, checksum verified)")
-    # the rule's declared output, written last: what was fetched, with the md5 of each file (the record
-    # for files whose publisher prints no checksum, e.g. BSDS500)
+    # the rule's declared output, written last: what was fetched, with the md5 of each file (every file was
+    # checked against a pinned md5 or sha256 above; the md5 makes two machines' downloads comparable)
     atomic_write_json(Path(raw_dir) / "MANIFEST.json",
                       {"dataset": dataset, "files": {p.name: {"md5": md5sum(p), "bytes": p.stat().st_size}
                                                      for p in paths}})

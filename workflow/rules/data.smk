@@ -13,6 +13,8 @@ rule download_dataset:
         mirror=lambda w: CFG["mirrors"].get(w.dataset),
         # directories searched for the raw files before the network (e.g. a Debian dataset package's)
         local_dirs=lambda w: CFG["local_data_dirs"].get(w.dataset, []),
+        # file name -> md5 or sha256 replacing the pinned one (config key checksums)
+        checksums=lambda w: CFG["checksums"].get(w.dataset, {}),
         raw_dir=lambda w, output: str(Path(output[0]).parent),
     log:
         f"{DATA}/logs/download/{{dataset}}.log",

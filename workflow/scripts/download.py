@@ -10,5 +10,5 @@ from fedrepro import pipeline  # noqa: E402
 sm = snakemake  # noqa: F821
 pipeline.main_from_snakemake(
     sm, pipeline.download, dataset=sm.wildcards.dataset, raw_dir=sm.params.raw_dir, mirror=sm.params.mirror,
-    local_dirs=list(sm.params.local_dirs),
+    local_dirs=list(sm.params.local_dirs), checksums=dict(sm.params.checksums),
 )

@@ -137,31 +137,32 @@ def _meta_of(path: Path) -> dict:
 
 def prepare_leave_one_out(target: str, inputs: list[Path]) -> Arrays:
     """The five domains other than ``target``, concatenated domain by domain (``inputs``: their prepared
-    files, in ``DOMAINS`` order). Filled in place, one domain in memory at a time."""
+    files, in ``DOMAINS`` order), each read straight into its place in the preallocated arrays."""
     sources = [d for d in DOMAINS if d != target]
     metas = [_meta_of(p) for p in inputs]
     if [m.get("domain") for m in metas] != sources:
         raise ValueError(f"domainnet_no_{target}: inputs are {[m.get('domain') for m in metas]}, need {sources}")
     if any(m["classes"] != metas[0]["classes"] or m["shape"] != metas[0]["shape"] for m in metas):
         raise ValueError(f"domainnet_no_{target}: the domains' classes or image shapes differ")
-    out, sizes = {}, {"train": [], "test": []}
-    with_counts = []
+    counts = []
     for p in inputs:
         with np.load(p, allow_pickle=False) as z:
-            with_counts.append((len(z["y_train"]), len(z["y_test"])))
+            counts.append({"train": len(z["y_train"]), "test": len(z["y_test"])})
     shape = tuple(metas[0]["shape"])
-    for k, split in enumerate(("train", "test")):
-        total = sum(c[k] for c in with_counts)
+    out = {}
+    for split in ("train", "test"):
+        total = sum(c[split] for c in counts)
         out[f"x_{split}"] = np.empty((total, *shape), dtype=np.uint8)
         out[f"y_{split}"] = np.empty(total, dtype=np.int64)
     offsets = {"train": 0, "test": 0}
-    for p in inputs:
-        d = load_prepared(p)
-        for split, x, y in (("train", d.x_train, d.y_train), ("test", d.x_test, d.y_test)):
-            o = offsets[split]
-            out[f"x_{split}"][o : o + len(y)], out[f"y_{split}"][o : o + len(y)] = x, y
-            offsets[split] += len(y)
-            sizes[split].append(len(y))
+    for p, count in zip(inputs, counts, strict=True):
+        into = {}
+        for split, o in offsets.items():
+            into |= {f"{a}_{split}": out[f"{a}_{split}"][o : o + count[split]] for a in "xy"}
+            offsets[split] += count[split]
+        # checked like any prepared file, and read straight into its place: no domain is held twice
+        load_prepared(p, into=into)
+    sizes = {split: [c[split] for c in counts] for split in ("train", "test")}
     meta = {"name": f"domainnet_no_{target}", "num_classes": metas[0]["num_classes"], "classes": metas[0]["classes"],
             "shape": list(shape), "source": HOMEPAGE, "license": LICENSE, "left_out": target, "domains": sources,
             "domain_sizes_train": sizes["train"], "domain_sizes_test": sizes["test"]}

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from fedrepro.data.download import ChecksumError, DownloadError, fetch, md5sum
+from fedrepro.data.download import DownloadError, check_placed, fetch
 from fedrepro.data.images import decode_image
 from fedrepro.data.vision import Arrays
 
@@ -59,7 +59,13 @@ HAM_CLASSES = ["akiec", "bcc", "bkl", "df", "mel", "nv", "vasc"]  # dx codes, so
 HAM_CLASS_NAMES = ["actinic keratoses and intraepithelial carcinoma", "basal cell carcinoma",
                    "benign keratosis-like lesions", "dermatofibroma", "melanoma", "melanocytic nevi",
                    "vascular lesions"]
-HAM_FILES = ("HAM10000_images_part_1.zip", "HAM10000_images_part_2.zip", "HAM10000_metadata.csv")
+# md5 of the Dataverse files (dataset version 4.0) as loaders that check them pin them, e.g. sit-start/core
+# (python/sitstart/ml/data/datasets/ham10k.py); the metadata's is that of the original CSV, not of the .tab
+# copy Dataverse exports by default
+HAM_MD5 = {"HAM10000_images_part_1.zip": "4639bfa73ab251610530a97c898e6e46",
+           "HAM10000_images_part_2.zip": "da43d6cc50f6613013be07e8986b384b",
+           "HAM10000_metadata.csv": "8f85fb1aa29d80a2797247e434deb79d"}
+HAM_FILES = tuple(HAM_MD5)
 HAM_DOI = "https://doi.org/10.7910/DVN/DBW86T"
 HAM_LICENSE = "Tschandl, Rosendahl & Kittler 2018 (Sci. Data 5:180161); CC BY-NC 4.0"
 
@@ -69,8 +75,8 @@ CINIC_TEST_SEED = 270000
 
 REMOTES: dict[str, Remote] = {
     # md5: not printed on the DataShare page we could read; this value is the one used by many
-    # independent loaders of this exact file (687,544,992 bytes). Override it with `checksums` if the
-    # archive you get differs and you trust it.
+    # independent loaders of this exact file (687,544,992 bytes). Override it with the config key
+    # `checksums` if the archive you get differs and you trust it.
     "cinic10": Remote(
         {"CINIC-10.tar.gz": "6ee4d0c996905fe93221de577967a372"},
         ("https://datashare.ed.ac.uk/bitstream/handle/10283/3192/",
@@ -131,9 +137,9 @@ def manual_instructions(name: str) -> str:
 def ham10000_instructions(raw_dir: Path | str) -> str:
     """The manual download steps for HAM10000, naming the folder the files go to."""
     return (
-        f"HAM10000 is downloaded by hand (its Dataverse files have no md5 we can pin). From {HAM_DOI} "
-        f"(Harvard Dataverse, licence CC BY-NC 4.0; accept its terms of use) download\n"
-        + "".join(f"  {f}\n" for f in HAM_FILES)
+        f"HAM10000 is downloaded by hand. From {HAM_DOI} (Harvard Dataverse, licence CC BY-NC 4.0; accept its "
+        f"terms of use) download these files, whose md5 the download step checks,\n"
+        + "".join(f"  {f}  md5 {md5}\n" for f, md5 in HAM_MD5.items())
         + f"into the folder {raw_dir}. Keep the names exactly as above and the zips unextracted; for the "
         f"metadata choose the original CSV format if Dataverse offers a .tab copy."
     )
@@ -141,24 +147,19 @@ def ham10000_instructions(raw_dir: Path | str) -> str:
 
 def check_ham10000(raw_dir: Path, mirror: str | None = None,
                    checksums: dict[str, str] | None = None) -> list[Path]:
-    """The 'download' step of HAM10000: check the hand-placed files (and md5 sums, when given).
+    """The 'download' step of HAM10000: check the hand-placed files against HAM_MD5 (``checksums``
+    overrides them by name).
 
-    With `mirror` (e.g. a lab copy) and an md5 for every file in `checksums`, the files are fetched
-    from there instead. Missing files raise FileNotFoundError with the manual instructions.
+    With `mirror` (e.g. a lab copy) the files are fetched from there instead. Missing files raise
+    FileNotFoundError with the manual instructions; a file with another md5 raises ChecksumError naming it.
     """
     raw_dir = Path(raw_dir)
-    checksums = checksums or {}
+    md5s = {**HAM_MD5, **(checksums or {})}
     if mirror:
-        missing_md5 = [f for f in HAM_FILES if f not in checksums]
-        if missing_md5:
-            raise ValueError(f"ham10000: fetching from the mirror {mirror} needs an md5 for each of "
-                             f"{', '.join(missing_md5)} (pass checksums)")
-        return [fetch(mirror.rstrip("/") + "/" + f, raw_dir / f, checksums[f]) for f in HAM_FILES]
-    paths = _ham_paths(raw_dir)
-    for p in paths:
-        if p.name in checksums and md5sum(p) != checksums[p.name].lower():
-            raise ChecksumError(f"{p}: md5 {md5sum(p)} differs from the expected {checksums[p.name]}")
-    return paths
+        return [fetch(mirror.rstrip("/") + "/" + f, raw_dir / f, md5s[f]) for f in HAM_FILES]
+    return [check_placed(p, md5s[p.name], f"Download it again from {HAM_DOI} (for the metadata, the original "
+                                          f"CSV, not Dataverse's .tab export) into {Path(raw_dir).resolve()}/")
+            for p in _ham_paths(raw_dir)]
 
 
 def _ham_paths(raw_dir: Path) -> list[Path]:

@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from fedrepro.data.download import ChecksumError, DownloadError, fetch, md5sum
+from fedrepro.data.download import DownloadError, check_placed, fetch
 from fedrepro.data.images import decode_image
 from fedrepro.data.vision import SOURCES, _raw, prepare_cifar100
 
@@ -79,7 +79,10 @@ def prepare_cifar100_coarse(raw_dir: Path) -> ArraysWithExtras:
 
 NIST_BASE = "https://s3.amazonaws.com/nist-srd/SD19/"
 BY_CLASS, BY_WRITE = "by_class.zip", "by_write.zip"
-FEMNIST_FILES = (BY_CLASS, BY_WRITE)
+# NIST prints no checksum; these md5 sums are the ones LEAF-style loaders pin and check their NIST downloads
+# against, e.g. vaseline555/Federated-Learning-in-PyTorch (src/datasets/leaf/leaf_utils.py)
+FEMNIST_MD5 = {BY_CLASS: "79572b1694a8506f2b722c7be54130c4", BY_WRITE: "a29f21babf83db0bb28a2f77b2b456cb"}
+FEMNIST_FILES = tuple(FEMNIST_MD5)
 NIST_LICENSE = ("NIST Special Database 19 (Grother & Hanaoka 2016), public domain (U.S. Government work); "
                 "FEMNIST grouping: LEAF (Caldas et al. 2018)")
 LEAF_CLASSES = string.digits + string.ascii_uppercase + string.ascii_lowercase  # LEAF's class ids 0..61
@@ -90,13 +93,12 @@ FEMNIST_MIN_SAMPLES = 2
 
 def download_femnist(raw_dir: Path, mirror: str | None = None,
                      checksums: dict[str, str] | None = None) -> list[Path]:
-    """by_class.zip and by_write.zip from NIST into raw_dir. NIST publishes no md5: they are fetched
-    unpinned (length-checked) and the download step's MANIFEST.json records the md5 got; pin them with
-    ``checksums`` once known. ``mirror``: a base URL serving both files by name."""
+    """by_class.zip and by_write.zip from NIST into raw_dir, checked against FEMNIST_MD5 (``checksums``
+    overrides them by name). ``mirror``: a base URL serving both files by name."""
     checksums = checksums or {}
     base = (mirror or NIST_BASE).rstrip("/") + "/"
     try:
-        return [fetch(base + f, Path(raw_dir) / f, checksums.get(f)) for f in FEMNIST_FILES]
+        return [fetch(base + f, Path(raw_dir) / f, checksums.get(f, md5)) for f, md5 in FEMNIST_MD5.items()]
     except DownloadError as e:
         raise DownloadError(f"femnist: {e}") from e
 
@@ -263,10 +265,8 @@ def check_celeba(raw_dir: Path, mirror: str | None = None, checksums: dict[str, 
     if missing:
         raise FileNotFoundError(f"celeba_smiling: {', '.join(missing)} missing from {raw_dir}.\n"
                                 + celeba_instructions(raw_dir))
-    for p in paths:
-        if md5sum(p) != md5s[p.name].lower():
-            raise ChecksumError(f"{p}: md5 {md5sum(p)} differs from the expected {md5s[p.name]}; download it again")
-    return paths
+    return [check_placed(p, md5s[p.name], f"Download it again from {CELEBA_HOME} (see the instructions of "
+                                          f"celeba_smiling) and put it in {raw_dir}") for p in paths]
 
 
 def read_celeba_attribute(path: Path, attribute: str = CELEBA_ATTRIBUTE) -> dict[str, int]:
@@ -342,9 +342,9 @@ def manual_instructions(name: str) -> str:
     if name == "celeba_smiling":
         return celeba_instructions()
     if name == "femnist":
-        return ("Without network access, download these files into <data_dir>/femnist/raw; NIST publishes no "
-                "md5, so the download step records the md5 of what it finds in MANIFEST.json:\n"
-                + "\n".join(f"  {NIST_BASE}{f}" for f in FEMNIST_FILES))
+        return ("Without network access, download these files into <data_dir>/femnist/raw; the download step "
+                "then only checks their md5:\n"
+                + "\n".join(f"  {NIST_BASE}{f}  md5 {md5}" for f, md5 in FEMNIST_MD5.items()))
     if name == "cifar100_coarse":
         return (f"Without network access, put the CIFAR-100 archive (the one cifar100 uses) into "
                 f"<data_dir>/cifar100_coarse/raw; the download step then only checks its md5:\n"

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from fedrepro.io import atomic_write_npz, open_npz
+from fedrepro.io import atomic_write_npz, open_npz, read_npz_into
 
 ARRAY_KEYS = ("x_train", "y_train", "x_test", "y_test")
 REQUIRED_META = ("name", "num_classes", "classes", "shape", "source")
@@ -134,14 +134,21 @@ def save_prepared(path: Path | str, x_train: np.ndarray, y_train: np.ndarray, x_
     return meta
 
 
-def load_prepared(path: Path | str) -> Prepared:
-    """Load a prepared .npz, checking its keys and its sha256; errors name the file."""
+def load_prepared(path: Path | str, into: Mapping[str, np.ndarray] | None = None) -> Prepared:
+    """Load a prepared .npz, checking its keys and its sha256; errors name the file.
+
+    ``into``: arrays by key (of ``ARRAY_KEYS``; e.g. slices of larger arrays) to read those arrays into in
+    place of new ones (``read_npz_into``)."""
     path = Path(path)
+    into = into or {}
     with open_npz(path, "prepared data set") as z:
         missing = [k for k in (*ARRAY_KEYS, "meta") if k not in z.files]
         if missing:
             raise PreparedFormatError(f"{path}: not a prepared data set, missing arrays {missing}")
-        arrays = {k: z[k] for k in ARRAY_KEYS}
+        try:
+            arrays = {k: read_npz_into(z, k, into[k]) if k in into else z[k] for k in ARRAY_KEYS}
+        except ValueError as e:
+            raise PreparedFormatError(f"{path}: {e}") from e
         extras = {k: z[k] for k in EXTRA_ARRAYS if k in z.files}
         meta = json.loads(str(z["meta"][()]))
     if "sha256" not in meta:

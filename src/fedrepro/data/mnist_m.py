@@ -9,9 +9,8 @@ MNIST's labels; the original release kept 59,001 / 9,001 of them, a selection th
 all are kept here. Random choices come from one generator with a fixed seed (part of the data set's
 definition): the recipe is reproduced, the original bytes cannot be.
 
-Raw files: MNIST's four idx files (URLs and md5 as for ``mnist``) and BSR_bsds500.tgz from Berkeley, whose
-md5 is not published: it is downloaded unpinned (length-checked) and its md5 recorded in the download
-step's MANIFEST.json; pin it with ``checksums`` once known.
+Raw files: MNIST's four idx files (URLs and md5 as for ``mnist``) and BSR_bsds500.tgz from Berkeley, which
+prints no checksum: it is checked against the sha256 public loaders pin for it (``BSDS_SHA256``).
 """
 
 from __future__ import annotations
@@ -28,7 +27,10 @@ from fedrepro.data.vision import _IDX, DIGIT_CLASSES, SOURCES, Arrays, _raw, rea
 BSDS_FILE = "BSR_bsds500.tgz"
 BSDS_URLS = ("http://www.eecs.berkeley.edu/Research/Projects/CS/vision/grouping/BSR/BSR_bsds500.tgz",
              "https://www2.eecs.berkeley.edu/Research/Projects/CS/vision/grouping/BSR/BSR_bsds500.tgz")
-BSDS_MD5: str | None = None  # not published by Berkeley; see the module docstring
+# Berkeley prints no checksum: this is the sha256 independent public BSDS500 fetchers pin for the archive
+# (the same value in each one we found). tensorpack pins its size, 70,763,455 bytes, but no checksum
+# (tensorpack/tensorpack, tensorpack/dataflow/dataset/bsds500.py)
+BSDS_SHA256 = "97e49d31764f3912f0c4122707d53062ac9e783ba0f095e447a4d53c1a41af8e"
 BSDS_TRAIN = "BSR/BSDS500/data/images/train/"
 BLEND_SEED = 42  # the create_mnistm.py script's RandomState(42); fixed, part of the data set
 FILES = (*_IDX, BSDS_FILE)
@@ -42,16 +44,16 @@ def download(raw_dir: Path, mirror: str | None = None, checksums: dict[str, str]
     paths = []
     for fname in FILES:
         if fname == BSDS_FILE:
-            md5 = checksums.get(fname, BSDS_MD5)
+            checksum = checksums.get(fname, BSDS_SHA256)
             urls = [mirror.rstrip("/") + "/" + fname] if mirror else list(BSDS_URLS)
         else:
-            md5 = checksums.get(fname, SOURCES["mnist"].files[fname])
+            checksum = checksums.get(fname, SOURCES["mnist"].files[fname])
             bases = (mirror,) if mirror else SOURCES["mnist"].mirrors
             urls = [b.rstrip("/") + "/" + fname for b in bases]
         errors = []
         for url in urls:
             try:
-                paths.append(fetch(url, Path(raw_dir) / fname, md5))
+                paths.append(fetch(url, Path(raw_dir) / fname, checksum))
                 break
             except DownloadError as e:
                 errors.append(str(e))
@@ -64,7 +66,7 @@ def manual_instructions() -> str:
     lines = ["Without network access, put these files into the raw directory of mnist_m "
              "(<data_dir>/mnist_m/raw); the download step then only checks them:"]
     lines += [f"  {SOURCES['mnist'].mirrors[0]}{f}  md5 {SOURCES['mnist'].files[f]}" for f in _IDX]
-    lines.append(f"  {BSDS_URLS[0]}  (no published md5)")
+    lines.append(f"  {BSDS_URLS[0]}  sha256 {BSDS_SHA256}")
     return "\n".join(lines)
 
 

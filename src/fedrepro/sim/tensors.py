@@ -32,18 +32,52 @@ class DeviceData:
         return (h, w, c)
 
 
+# Float bytes converted at a time: the device holds the resident float tensors plus a few chunks of this size
+# while a data set is moved (converting whole splits at once held ~3x the float data: issue #22).
+CHUNK_BYTES = 64 * 2**20
+# Transient chunk buffers alive at once, at most CHUNK_BYTES each: the float chunk at the source size (its
+# uint8 copy is freed once it is made), and in a resize a contiguous copy of the input (a grey->colour expanded
+# chunk), the resized chunk and its copy in the other layout (measured on the CPU: up to 2.4 chunks).
+_CHUNK_BUFFERS = 4
+
+
+def _unit_float(x: np.ndarray, device: torch.device, size: tuple[int, int], channels: int) -> torch.Tensor:
+    """uint8 [n,H,W,C] -> float [n,channels,*size] in [0,1]: the per-image conversion, on a few images."""
+    t = torch.from_numpy(np.ascontiguousarray(x)).to(device).permute(0, 3, 1, 2).float().div_(255.0)
+    if channels != t.shape[1]:
+        t = t.expand(-1, channels, -1, -1)
+    if size != tuple(t.shape[-2:]):
+        t = F.interpolate(t, size=size, mode="bilinear", align_corners=False)
+    return t
+
+
 def images_to_tensor(
     x: np.ndarray, device: torch.device, image_size: int | None = None, channels: int | None = None
 ) -> torch.Tensor:
-    """uint8 [N,H,W,C] -> float [N,C,H',W'] in [0,1], optionally resized and grey->colour expanded."""
-    t = torch.from_numpy(np.ascontiguousarray(x)).to(device).permute(0, 3, 1, 2).float().div_(255.0)
-    if channels is not None and channels != t.shape[1]:
-        if t.shape[1] != 1:
-            raise ValueError(f"cannot convert {t.shape[1]}-channel images to {channels} channels")
-        t = t.expand(-1, channels, -1, -1)
-    if image_size is not None and image_size != t.shape[-1]:
-        t = F.interpolate(t, size=(image_size, image_size), mode="bilinear", align_corners=False)
-    return t.contiguous(memory_format=torch.channels_last)  # the convolutions' fast layout (sim/flat.py)
+    """uint8 [N,H,W,C] -> float [N,C,H',W'] in [0,1], optionally resized and grey->colour expanded.
+
+    Converted a chunk of images at a time into one preallocated tensor (channels_last, the convolutions'
+    fast layout: sim/flat.py), so the device never holds more than the result plus a few chunks."""
+    n, h, w, c = x.shape
+    if channels is not None and channels != c and c != 1:
+        raise ValueError(f"cannot convert {c}-channel images to {channels} channels")
+    out_channels = channels or c
+    # resized (to a square) only when the width differs: every prepared image set is square
+    size = (image_size, image_size) if image_size is not None and image_size != w else (h, w)
+    out = torch.empty((n, out_channels, *size), device=device, memory_format=torch.channels_last)
+    rows = max(1, CHUNK_BYTES // (4 * out_channels * max(h * w, size[0] * size[1])))
+    for start in range(0, n, rows):
+        out[start : start + rows] = _unit_float(x[start : start + rows], device, size, out_channels)
+    return out
+
+
+def device_data_bytes(n_train: int, n_test: int, shape: tuple[int, int, int]) -> tuple[int, int]:
+    """(resident, peak) device bytes of ``to_device_data`` for ``n_train`` + ``n_test`` images of
+    ``shape`` (H, W, C) as they are on the device (after resizing / channel expansion): the float images
+    and long labels, and that plus the transient chunk buffers (for images of at most CHUNK_BYTES each)."""
+    h, w, c = shape
+    resident = (n_train + n_test) * (4 * h * w * c + 8)
+    return resident, resident + _CHUNK_BUFFERS * CHUNK_BYTES
 
 
 def to_device_data(
@@ -54,7 +88,9 @@ def to_device_data(
     Images are standardised per channel with the training split's mean and sd, for every data set. (The
     papers' code uses fixed constants instead: FedDisco's Fashion-MNIST (x - 0.5) / 0.5, its CIFAR-10
     (0.4914, 0.4822, 0.4465) / (0.2023, 0.1994, 0.2010), ImageNet's for HAM10000. For Fashion-MNIST (mean
-    0.286, sd 0.353 in [0, 1]) theirs feeds inputs of mean -0.43 and sd 0.71 where ours feeds 0 and 1.)"""
+    0.286, sd 0.353 in [0, 1]) theirs feeds inputs of mean -0.43 and sd 0.71 where ours feeds 0 and 1.)
+    The statistics are reductions over the whole tensor, which need no copy of it, and the
+    standardisation is in place: the peak is ``device_data_bytes``'s."""
     meta = prepared.meta
     if meta.get("kind") == "text":
         return DeviceData(
@@ -68,9 +104,9 @@ def to_device_data(
     mean = x_train.mean(dim=(0, 2, 3), keepdim=True)
     std = x_train.std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
     return DeviceData(
-        x_train=((x_train - mean) / std).contiguous(memory_format=torch.channels_last),
+        x_train=x_train.sub_(mean).div_(std),
         y_train=torch.as_tensor(prepared.y_train, dtype=torch.long, device=device),
-        x_test=((x_test - mean) / std).contiguous(memory_format=torch.channels_last),
+        x_test=x_test.sub_(mean).div_(std),
         y_test=torch.as_tensor(prepared.y_test, dtype=torch.long, device=device),
         num_classes=int(prepared.meta["num_classes"]),
     )
