@@ -13,13 +13,14 @@ from conftest import digits_cut
 from torch import nn
 
 import fedrepro.asyncfl.methods.feddle as feddle_module
+from fedrepro.asyncfl.atlas import coefficient_grad
 from fedrepro.asyncfl.base import merge_buffers
 from fedrepro.asyncfl.engine import AsyncConfig, AsyncRun
 from fedrepro.asyncfl.methods import build_method
 from fedrepro.models.cnn import SplitModel
 from fedrepro.sim.checkpoint import CheckpointError, save_checkpoint
 from fedrepro.sim.sync import TrainingConfig
-from fedrepro.sim.tensors import DeviceData
+from fedrepro.sim.tensors import DeviceData, eval_mode
 
 torch.set_num_threads(1)
 
@@ -170,6 +171,25 @@ def test_feddle_search_leaves_the_statistics_and_merges_them_with_the_searched_c
     torch.testing.assert_close(run.flat.as_buffers(sum(client_buffers) / 2),
                                {k: v for k, v in seen["before"].items() if "num_batches" not in k})
     torch.testing.assert_close(run.global_buffers, 0.2 * b + 0.3 * client_buffers[0] + 0.5 * client_buffers[1])
+
+
+def test_the_gradient_cosine_in_chunks_equals_one_batch(data8, ood8):
+    """grad_cosine accumulates its gradients over chunks of batch_size: in eval mode (round_end's), BatchNorm
+    normalises every chunk with the running statistics, so the result is the one-batch gradient and cosine."""
+    run = make_run(data8, build_method("feddle", server_data="out_of_domain", grad_cosine=True), ood=ood8)
+    feddle, w = run.method, run.w_init.clone()
+    anchors = 0.1 * torch.randn(3, len(w), generator=torch.Generator().manual_seed(1))
+    c, idx = torch.tensor([0.5, -0.2, 0.1]), torch.arange(len(run.server_y))
+    cosines = {}
+    with eval_mode(run.model):
+        loss, grad = coefficient_grad(run.flat, w, anchors, c, feddle.server_ce, idx)
+        loss_chunked, grad_chunked = coefficient_grad(run.flat, w, anchors, c, feddle.server_ce, idx, chunk=7)
+        for batch_size in (7, len(idx)):  # 60 OOD and 50 in-domain samples: in 9 and 8 chunks, or in one
+            feddle.batch_size = batch_size
+            cosines[batch_size] = feddle.gradient_cosine(w, anchors, c, feddle.server_ce, 1)
+    torch.testing.assert_close(loss_chunked, loss)
+    torch.testing.assert_close(grad_chunked, grad, rtol=1e-5, atol=1e-7)
+    assert cosines[7] == pytest.approx(cosines[len(idx)], abs=1e-6) and abs(cosines[7]) < 0.99
 
 
 def test_checkpoint_of_the_older_layout_is_refused(data8, tmp_path):

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from conftest import dirichlet_clients
 from torch import nn
 from torch.func import functional_call
+from torch.profiler import ProfilerActivity, profile
 
 from fedrepro import seeding
 from fedrepro.hetero.engine import META, HeteroConfig, HeteroRun
@@ -18,6 +19,7 @@ from fedrepro.hetero.methods import build_method
 from fedrepro.hetero.methods.fedl2g import feedback_gradient, replayed_dropout
 from fedrepro.models.cnn import SplitModel
 from fedrepro.models.groups import build_arch
+from fedrepro.sim.flat import FlatModel
 
 C, K = 5, 6
 CFG = HeteroConfig(rounds=3, batch_size=10, lr=0.05)
@@ -98,6 +100,43 @@ def test_first_order_feedback_equals_the_exact_gradient_through_theta_prime(arch
                                {k: v.detach() for k, v in m32.named_buffers()}, guide.float(), xs.float(), ys,
                                xq.float(), yq, 0.05, space, mask_seed=11)
     torch.testing.assert_close(ours32.double(), exact, rtol=1e-3, atol=1e-6)
+
+
+def peak_cpu_bytes(fn, *args) -> int:
+    """The most CPU memory held at once by tensors allocated while ``fn(*args)`` runs: the profiler's allocation
+    and free events, in order (deterministic, unlike the process's resident size)."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn(*args)
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    held = peak = 0
+    for event in events:
+        held += event.nbytes()
+        peak = max(peak, held)
+    return peak
+
+
+@pytest.mark.parametrize("space", ["logit", "feature"])
+def test_feedback_memory_grows_with_the_parameters_not_with_tensors_times_the_flat_vector(space):
+    """Client models' parameters are views of one flat vector (FlatModel, as the hetero engine binds them); the
+    JVP must not give each parameter tensor a tangent of the whole vector (ResNet18: 62 tensors, 2.8 GB)."""
+    gen = torch.Generator().manual_seed(1)
+    xs, xq = torch.randn(8, 1, 8, 8, generator=gen), torch.randn(5, 1, 8, 8, generator=gen)
+    ys, yq = torch.tensor([0, 1, 1, 3, 3, 3, 0, 1]), torch.tensor([0, 2, 4, 1, 3])
+    guide = torch.randn(C, C if space == "logit" else K, generator=gen)
+    peaks, param_bytes = [], []
+    for hidden_layers in (2, 16):  # 8 and 36 parameter tensors
+        torch.manual_seed(0)
+        body = nn.Sequential(nn.Flatten(), *[m for _ in range(hidden_layers) for m in (nn.Linear(64, 64), nn.Tanh())],
+                             nn.Linear(64, K))
+        model = SplitModel(body, K, C)
+        flat = FlatModel(model)
+        params = {k: v.detach() for k, v in model.named_parameters()}
+        peaks.append(peak_cpu_bytes(feedback_gradient, model, params, {}, guide, xs, ys, xq, yq, 0.05, space))
+        param_bytes.append(flat.w.numel() * flat.w.element_size())
+    # five parameter-sized sets (g_s, theta', g_q, the JVP's primal and tangent): the peak grows 5x as fast as the
+    # parameters; with a whole-vector tangent per tensor it held 12x the parameters for 8 tensors, 39x for 36
+    assert peaks[1] - peaks[0] < 7 * (param_bytes[1] - param_bytes[0])
 
 
 def make_run(data, parts, method="fedl2g_l", cfg=CFG, **hparams):

@@ -9,6 +9,12 @@ and backward) come from torch.utils.flop_counter on the setting's model at its b
 per step are measured here on a reference model and scaled by FLOPs; GPU seconds per step are
 max(step floor, FLOPs / sustained throughput) — small models on a GPU are bound by per-step latency, not
 FLOPs; both numbers are assumptions you can set (defaults: a sustained 60 TFLOP/s, a 1.5 ms floor).
+
+The asynchronous methods' passes over the server's own data (``server_passes``: Feddle's search, OOD feature
+pass and gradient-cosine diagnostic, FedDF's teachers and distillation, Fed+FT's, HFCL's and Center's
+training) are counted apart, in every round, from the study's server-set sizes (in-domain ``server_samples``,
+out-of-domain ``ood_samples`` or the whole OOD set): their FLOPs per sample (forward, or forward and backward)
+at the same throughput and floor per batch, shown as client-step equivalents and server hours.
 Evaluation, data loading and start-up are not counted (a few % for the papers' budgets).
 """
 
@@ -17,12 +23,14 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from fedrepro.asyncfl.methods import build_method, feddf, feddle
 from fedrepro.config import REPO, grid_runs, load_yaml, resolve_config, run_spec
 from fedrepro.models import TEXT_MODELS, build_model
 from fedrepro.sim.batches import batches_per_epoch
@@ -41,6 +49,8 @@ DATASETS = {
     # the first 40 classes per NIST writer, ~21 images per CelebA person with >= 5
     "cifar100_coarse": (50000, (32, 32, 3), 20),
     "femnist": (150000, (28, 28, 1), 40), "celeba_smiling": (19000, (32, 32, 3), 2),
+    # Feddle's out-of-domain server set (250 images of each ImageNet class, data/imagenet_subset.py)
+    "imagenet_subset": (250000, (32, 32, 3), 1000),
 }
 # test-split sizes, for partitions that pool train and test (`pool_test`, FedL2G)
 TEST_SIZES = {"digits": 360, "cifar10": 10000, "cifar100": 10000, "flowers102": 6149, "tiny_imagenet": 10000}
@@ -51,24 +61,30 @@ DATASETS.update({f"domainnet_{d}": (n, (64, 64, 3), 345) for d, n in _DOMAINNET_
 DATASETS.update({f"domainnet_no_{d}": (sum(_DOMAINNET_TRAIN.values()) - n, (64, 64, 3), 345)
                  for d, n in _DOMAINNET_TRAIN.items()})
 
+SHOWN_METHODS = 6  # per study, the methods with the most server GPU-hours are printed
 
-def step_flops(model_name: str, shape: tuple[int, ...], classes: int, batch: int, group_of: int = 0) -> float:
+
+def step_flops(model_name: str, shape: tuple[int, ...], classes: int, batch: int, group_of: int = 0,
+               backward: bool = True) -> float:
     """FLOPs of one SGD step (forward + backward) of ``model_name`` on a batch; with ``group_of`` = K clients,
-    ``model_name`` is a model group and the step is the mean over the K clients' architectures (i mod X)."""
+    ``model_name`` is a model group and the step is the mean over the K clients' architectures (i mod X);
+    with ``backward`` False, of the forward pass alone."""
     if group_of:
         from fedrepro.models.groups import build_arch, group_members
 
         members = group_members(model_name)
-        flops = {m: _flops(build_arch(m, shape, classes), shape, batch, text=False) for m in set(members)}
+        flops = {m: _flops(build_arch(m, shape, classes), shape, batch, False, backward) for m in set(members)}
         return sum(flops[members[i % len(members)]] for i in range(group_of)) / group_of
-    return _flops(build_model(model_name, shape, classes), shape, batch, text=model_name in TEXT_MODELS)
+    return _flops(build_model(model_name, shape, classes), shape, batch, model_name in TEXT_MODELS, backward)
 
 
-def _flops(model: torch.nn.Module, shape: tuple[int, ...], batch: int, text: bool) -> float:
+def _flops(model: torch.nn.Module, shape: tuple[int, ...], batch: int, text: bool, backward: bool = True) -> float:
     x = torch.zeros(batch, shape[0], dtype=torch.long) if text else torch.zeros(batch, shape[2], shape[0], shape[1])
     counter = FlopCounterMode(display=False)
     with counter:
-        F.cross_entropy(model(x), torch.zeros(batch, dtype=torch.long)).backward()
+        loss = F.cross_entropy(model(x), torch.zeros(batch, dtype=torch.long))
+        if backward:
+            loss.backward()
     return float(counter.get_total_flops())
 
 
@@ -110,13 +126,75 @@ def run_steps(spec: dict) -> float:
     return steps
 
 
+@dataclass(frozen=True)
+class ServerPass:
+    """``samples`` images a run's server puts through its model (over all rounds), in batches of ``batch``,
+    forward only or forward and backward."""
+
+    samples: float
+    batch: int
+    backward: bool
+
+
+def server_passes(spec: dict) -> list[ServerPass]:
+    """The passes over its own data that the server of an asynchronous run makes, counted in every round (a
+    round where no update arrives skips them: a few rounds at the start under long delays). The heads fitted on
+    precomputed features (Feddle-OOD) are left out: a linear layer, not the model."""
+    if spec.get("federation") != "async":
+        return []
+    method = build_method(spec["algorithm"], **spec["hparams"])
+    asyn, t = spec["async"], spec["training"]
+    n_id = asyn["server_samples"]
+    n = n_id if method.server_data != "out_of_domain" else asyn.get("ood_samples") or DATASETS[asyn["ood_dataset"]][0]
+    rounds = t["rounds"]
+    if method.name == "feddle":  # the search, the OOD head's feature pass, the cosine over both sets' subsets
+        passes = [ServerPass(rounds * method.epochs * n, method.batch_size, True)]
+        if method.server_data == "out_of_domain":
+            passes.append(ServerPass(rounds * n, feddle.CHUNK, False))
+        if method.grad_cosine:
+            cosine = min(feddle.GRAD_SAMPLES, n) + min(feddle.GRAD_SAMPLES, n_id)
+            passes.append(ServerPass(rounds * cosine, method.batch_size, True))
+        return passes
+    if method.name == "feddf":  # every arrived client model is a teacher: as many a round as are sent
+        clients_per_round = max(1, round(t["join_ratio"] * spec["partition"]["clients"]))
+        return [ServerPass(rounds * clients_per_round * n, feddf.CHUNK, False),
+                ServerPass(rounds * method.epochs * n, method.batch_size, True)]
+    if method.name == "fedft":
+        return [ServerPass(rounds * method.epochs * n, method.batch_size, True)]
+    if method.name == "hfcl":  # a client's training, with the clients' epochs and batch unless set
+        return [ServerPass(rounds * (method.epochs or t["local_epochs"]) * n, method.batch_size or t["batch_size"],
+                           True)]
+    if method.name == "center":  # trains in round 1 only
+        return [ServerPass(method.epochs * n, method.batch_size, True)]
+    return []
+
+
+def server_cost(passes: list[ServerPass], sample_flops: dict[bool, float], gpu_tflops: float,
+                step_floor_ms: float) -> tuple[float, float]:
+    """(FLOPs, GPU seconds) of ``passes``; ``sample_flops[backward]``: one sample's FLOPs, forward (False) or
+    forward and backward (True). Each batch takes the GPU at least the step floor, as a client's step."""
+    flops = gpu_s = 0.0
+    for p in passes:
+        per_batch = p.batch * sample_flops[p.backward]
+        flops += p.samples * sample_flops[p.backward]
+        gpu_s += p.samples / p.batch * max(step_floor_ms / 1e3, per_batch / (gpu_tflops * 1e12))
+    return flops, gpu_s
+
+
 def estimate(config: dict, gpu_tflops: float, step_floor_ms: float, cpu_spf: float) -> list[dict]:
     rows = []
     flops_cache: dict[tuple, float] = {}
+
+    def flops_of(*key) -> float:
+        if key not in flops_cache:
+            flops_cache[key] = step_flops(*key)
+        return flops_cache[key]
+
     for name, study in config["studies"].items():
         jobs = grid_runs(study)
         seeds = len(study["seeds"])
-        steps = gpu_s = cpu_s = 0.0
+        steps = gpu_s = cpu_s = server_steps = server_gpu_s = server_cpu_s = 0.0
+        server_by_method: dict[str, float] = {}
         for setting, method in jobs:
             spec = run_spec(study, setting, method)
             _, shape, classes = DATASETS[spec["dataset"]]
@@ -124,16 +202,24 @@ def estimate(config: dict, gpu_tflops: float, step_floor_ms: float, cpu_spf: flo
                 side = spec.get("image_size")
                 shape = (side or shape[0], side or shape[1], spec.get("channels") or shape[2])
             hetero = spec.get("federation") == "hetero"
-            key = (spec["model"], shape, classes, spec["training"]["batch_size"],
-                   spec["partition"]["clients"] if hetero else 0)
-            if key not in flops_cache:
-                flops_cache[key] = step_flops(*key)
+            step = flops_of(spec["model"], shape, classes, spec["training"]["batch_size"],
+                            spec["partition"]["clients"] if hetero else 0)
             s = run_steps(spec) * seeds
             steps += s
-            gpu_s += s * max(step_floor_ms / 1e3, flops_cache[key] / (gpu_tflops * 1e12))
-            cpu_s += s * flops_cache[key] * cpu_spf
+            gpu_s += s * max(step_floor_ms / 1e3, step / (gpu_tflops * 1e12))
+            cpu_s += s * step * cpu_spf
+            passes = server_passes(spec)
+            if passes:  # one sample's FLOPs: a batch of one (FLOPs grow linearly with the batch)
+                sample = {b: flops_of(spec["model"], shape, classes, 1, 0, b) for b in {p.backward for p in passes}}
+                flops, run_gpu_s = server_cost(passes, sample, gpu_tflops, step_floor_ms)
+                server_steps += flops / step * seeds
+                server_gpu_s += run_gpu_s * seeds
+                server_cpu_s += flops * cpu_spf * seeds
+                server_by_method[method] = server_by_method.get(method, 0.0) + run_gpu_s * seeds / 3600
         rows.append({"study": name, "jobs": len(jobs), "runs": len(jobs) * seeds, "steps": steps,
-                     "gpu_hours": gpu_s / 3600, "cpu_hours": cpu_s / 3600})
+                     "gpu_hours": gpu_s / 3600, "cpu_hours": cpu_s / 3600, "server_steps": server_steps,
+                     "server_gpu_hours": server_gpu_s / 3600, "server_cpu_hours": server_cpu_s / 3600,
+                     "server_gpu_hours_by_method": server_by_method})
     return rows
 
 
@@ -147,14 +233,23 @@ def main() -> None:
     cpu_spf = cpu_seconds_per_flop()
     rows = estimate(config, args.gpu_tflops, args.step_floor_ms, cpu_spf)
     print(f"{args.configfile}: CPU cost measured here ({1 / cpu_spf / 1e9:.1f} GFLOP/s, one thread); GPU assumed "
-          f"{args.gpu_tflops:g} TFLOP/s sustained with a {args.step_floor_ms:g} ms step floor")
-    print(f"{'study':12s} {'jobs':>6s} {'runs':>6s} {'SGD steps':>12s} {'GPU-hours':>10s} {'CPU core-hours':>15s}")
-    for r in rows:
+          f"{args.gpu_tflops:g} TFLOP/s sustained with a {args.step_floor_ms:g} ms step floor; clients' SGD steps "
+          f"and the server's passes over its own data (in client-step equivalents) counted apart")
+    columns = ("steps", "gpu_hours", "cpu_hours", "server_steps", "server_gpu_hours", "server_cpu_hours")
+    print(f"{'study':12s} {'jobs':>6s} {'runs':>6s} {'SGD steps':>12s} {'GPU-hours':>10s} {'CPU core-hours':>15s} "
+          f"{'server steps':>12s} {'server GPU-h':>12s} {'server CPU-h':>12s}")
+    total = {"study": "total", "jobs": sum(r["jobs"] for r in rows), "runs": sum(r["runs"] for r in rows),
+             **{c: sum(r[c] for r in rows) for c in columns}}
+    for r in [*rows, total]:
         print(f"{r['study']:12s} {r['jobs']:6d} {r['runs']:6d} {r['steps']:12.3g} {r['gpu_hours']:10.1f} "
-              f"{r['cpu_hours']:15.1f}")
-    print(f"{'total':12s} {sum(r['jobs'] for r in rows):6d} {sum(r['runs'] for r in rows):6d} "
-          f"{sum(r['steps'] for r in rows):12.3g} {sum(r['gpu_hours'] for r in rows):10.1f} "
-          f"{sum(r['cpu_hours'] for r in rows):15.1f}")
+              f"{r['cpu_hours']:15.1f} {r['server_steps']:12.3g} {r['server_gpu_hours']:12.1f} "
+              f"{r['server_cpu_hours']:12.1f}")
+    for r in rows:
+        by_method = sorted(r["server_gpu_hours_by_method"].items(), key=lambda item: -item[1])
+        if by_method:
+            print(f"{r['study']} server GPU-hours by method: "
+                  + ", ".join(f"{m} {h:.1f}" for m, h in by_method[:SHOWN_METHODS])
+                  + (f", {len(by_method) - SHOWN_METHODS} more" if len(by_method) > SHOWN_METHODS else ""))
 
 
 if __name__ == "__main__":

@@ -33,17 +33,27 @@ def replace_slot(scores: list[float], ages: list[int], capacity: int, importance
     return min(range(len(keys)), key=lambda m: (keys[m], ages[m]))
 
 
-def coefficient_grad(flat: FlatModel, w: Tensor, anchors: Tensor, c: Tensor,
-                     loss_fn: Callable[[], Tensor]) -> tuple[Tensor, Tensor]:
-    """(loss, dL/dc) at w + sum_m c_m a_m by App. E's trick: ``loss_fn`` computes the loss of the model bound
-    to ``flat`` (loaded with the detached w'), one backward fills flat.g, and dL/dc = anchors @ flat.g."""
+def coefficient_grad(flat: FlatModel, w: Tensor, anchors: Tensor, c: Tensor, batch_loss: Callable[[Tensor], Tensor],
+                     idx: Tensor, chunk: int | None = None) -> tuple[Tensor, Tensor]:
+    """(loss, dL/dc) at w + sum_m c_m a_m of the mean loss over the samples ``idx`` by App. E's trick:
+    ``batch_loss(indices)`` is the mean loss of the model bound to ``flat`` (loaded with the detached w') on
+    those samples, backward fills flat.g, and dL/dc = anchors @ flat.g. With ``chunk``, the samples go through
+    in chunks of at most that many, each chunk's mean weighted by its share of ``idx`` and backwarded on its own:
+    flat.g accumulates the gradient of the mean over all of ``idx`` (up to float summation order) while only
+    one chunk's activations are alive. That is the one-batch result because every server pass runs in eval
+    mode: BatchNorm normalises each chunk with its running statistics, not with the chunk's own."""
     with torch.no_grad():
         flat.load(w + c @ anchors)
     flat.zero_grad()
-    loss = loss_fn()
-    loss.backward()
+    n, step = len(idx), chunk or len(idx)
+    losses = []
+    for start in range(0, n, step):
+        part = idx[start : start + step]
+        part_loss = batch_loss(part) * (len(part) / n)
+        part_loss.backward()
+        losses.append(part_loss.detach())
     with torch.no_grad():
-        return loss.detach(), anchors @ flat.g
+        return sum(losses), anchors @ flat.g
 
 
 def search_coefficients(
@@ -70,7 +80,7 @@ def search_coefficients(
         order = torch.randperm(n, generator=gen).to(w.device)
         for start in range(0, n, batch_size):
             idx = order[start : start + batch_size]
-            _, grad = coefficient_grad(flat, w, anchors, c, lambda idx=idx: batch_loss(idx))
+            _, grad = coefficient_grad(flat, w, anchors, c, batch_loss, idx)
             c = c - lr * grad
             if lam:
                 c = (c + lr * lam * prior) / (1.0 + lr * lam)

@@ -11,7 +11,7 @@ coefficients c on its own data and steps w <- w + sum_m c_m a_m (asyncfl/atlas.p
 - ``lr_scale``: "anchors" divides the search's lr by sum_m ||a_m||^2 (Theorem 1's step size), "none" keeps it.
 - ``grad_cosine`` (a diagnostic, Fig. 7 / Eq. 8): log coef_grad_cos, the cosine between dL/dc of the search's loss
   and of the cross-entropy on the in-domain set (the run's carved server set), at the search's starting c, each
-  over a seeded subset of at most GRAD_SAMPLES samples.
+  over a seeded subset of at most GRAD_SAMPLES samples, accumulated over chunks of ``batch_size`` samples.
 - ``server_data``: in_domain searches c on the server's labelled in-domain data (Eq. 6); out_of_domain first
   fits a fresh linear head for the other labels on the body of w + sum c'_m a_m, then searches c with that
   head fixed (Eq. 9-10) and updates the full model (body and head) with c.
@@ -130,10 +130,12 @@ class Feddle(AsyncMethod):
         def subset(n: int) -> Tensor:
             return torch.randperm(n, generator=gen)[:GRAD_SAMPLES].to(w.device)
 
-        search_idx, id_idx = subset(len(run.server_y)), subset(len(run.id_y))
-        _, g_search = coefficient_grad(self.flat, w, anchors, c, lambda: loss(search_idx))
-        _, g_id = coefficient_grad(self.flat, w, anchors, c,
-                                   lambda: F.cross_entropy(self.model(run.id_x[id_idx]), run.id_y[id_idx]))
+        def id_ce(idx: Tensor) -> Tensor:
+            return F.cross_entropy(self.model(run.id_x[idx]), run.id_y[idx])
+
+        # in chunks of the search's batch: the diagnostic needs no more memory than one step of the search
+        _, g_search = coefficient_grad(self.flat, w, anchors, c, loss, subset(len(run.server_y)), self.batch_size)
+        _, g_id = coefficient_grad(self.flat, w, anchors, c, id_ce, subset(len(run.id_y)), self.batch_size)
         return F.cosine_similarity(g_search, g_id, dim=0).item()
 
     def ood_loss(self, w_fit: Tensor, rnd: int):

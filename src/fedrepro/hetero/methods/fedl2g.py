@@ -104,6 +104,12 @@ def feedback_gradient(model: SplitModel, params: dict[str, Tensor], buffers: dic
         def z_fn(p: dict[str, Tensor]) -> Tensor:
             with replayed_dropout(mask_seed, xs.device):
                 return _forward(model, p, buffers, xs)[1]
+    # jvp materialises a tangent of a view primal's whole base: on a client's parameters (views of one flat
+    # vector, FlatModel) one vector-sized tangent per parameter tensor. Primal and tangent get their own storage
+    # (one vector each), the tangent in the primal's strides, as jvp laid it out for the view: g_q's differ where
+    # a dim is 1 (1x1 and depthwise convolutions), and convolution kernels, hence roundings, follow the strides
+    primal = {k: v.clone() for k, v in primal.items()}
+    tangent = {k: torch.empty_like(primal[k]).copy_(v) for k, v in tangent.items()}
     _, dz = jvp(z_fn, (primal,), (tangent,))  # J_z(x_b; theta) g_q for every study sample b: [B, M]
     pi = torch.zeros_like(guide)
     pi.index_add_(0, ys, dz)
