@@ -72,8 +72,3 @@ def test_side_by_side_drops_the_same_short_batches(small_data, algorithm):
     _, keep = run_with(small_data, parts, algorithm, "sequential", dataclasses.replace(cfg, drop_last=False))
     assert keep.history[0]["train_loss"] != seq.history[0]["train_loss"]  # drop_last did change the batches
 
-
-def test_auto_picks_side_by_side_only_on_cuda(small_data):
-    parts = dirichlet_clients(small_data.y_train.numpy(), n_clients=3)
-    run, _ = run_with(small_data, parts, "fedavg", "auto", dataclasses.replace(CFG, rounds=1))
-    assert run.vectorized == small_data.x_train.is_cuda

@@ -159,13 +159,17 @@ def train_job(
     log: Callable[[str], None] = print,
     engine: dict | None = None,
 ) -> dict[int, RunResult]:
-    """Train ``spec`` (federation sync) for every seed; each seed resumes from its checkpoint if one matches."""
+    """Train ``spec`` (federation sync) for every seed; each seed resumes from its checkpoint if one matches.
+    ``engine: {mode: auto}`` on CUDA measures in the job's first seed; the later seeds keep its choice."""
     training = TrainingConfig(**spec["training"])
+    engine = engine or {}
+    previous: list[FederatedRun] = []  # the seed built last, finished when the next one is built
 
     def build(seed: int, parts: list[np.ndarray], data: DeviceData, log: Callable[[str], None]) -> FederatedRun:
         model = build_model(spec["model"], data.shape, data.num_classes, weights=spec.get("weights"),
                             **data.model_kwargs)
-        return FederatedRun(
+        chosen = previous.pop().engine if previous else None
+        run = FederatedRun(
             model=model.to(data.x_train.device),
             algorithm=build_algorithm(spec["algorithm"], **spec["hparams"]),
             data=data,
@@ -174,8 +178,10 @@ def train_job(
             weighting=spec["weighting"],
             seed=seed,
             log=log,
-            engine=(engine or {}).get("mode", "auto"),
-            side_by_side=(engine or {}).get("side_by_side", 32),
+            engine=chosen or engine.get("mode", "auto"),
+            side_by_side=engine.get("side_by_side", 32),
         )
+        previous.append(run)
+        return run
 
     return run_seeds(spec, data_path, partitions, out_dirs, checkpoint_dir, device, threads, log, build)

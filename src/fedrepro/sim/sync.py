@@ -19,6 +19,7 @@ from fedrepro.algorithms.base import Algorithm, Client
 from fedrepro.algorithms.weighting import make_weighting
 from fedrepro.sim.batches import epoch_batches
 from fedrepro.sim.checkpoint import close_round, load_checkpoint, module_buffers, restore_buffers, resume_progress
+from fedrepro.sim.engine_choice import SIDE_BY_SIDE, EngineChoice, initial_choice, measure
 from fedrepro.sim.flat import FlatModel
 from fedrepro.sim.tensors import DeviceData, evaluate
 from fedrepro.sim.vector_optim import VectorOptimizer
@@ -80,6 +81,14 @@ class RunResult:
     stopped_round: int | None = None  # the round early stopping ended the run at (TrainingConfig.early_stop)
 
 
+@dataclass
+class SyncResult(RunResult):
+    """RunResult plus how the sampled clients trained: EngineChoice.summary(), summary.json's "engine"
+    (None: auto on CUDA, not measured as no round trained in this process: resumed from a finished run)."""
+
+    engine: dict | None = None
+
+
 def payload_bytes(tensors: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
@@ -97,21 +106,20 @@ class FederatedRun:
         weighting: dict,
         seed: int,
         log: Callable[[str], None] = print,
-        engine: str = "sequential",
+        engine: str | EngineChoice = "sequential",
         side_by_side: int = 32,
     ) -> None:
         self.flat = FlatModel(model)
         self.w_init = self.flat.w.detach().clone()  # the seeded initial model, whatever runs before run()
         self.model, self.alg, self.data, self.cfg = model, algorithm, data, training
         self.seed, self.log = seed, log
-        if engine == "vectorized" and not algorithm.vectorizable():
-            raise ValueError(f"{algorithm.name} has no functional_loss: it cannot train clients side by side")
-        # side by side where it pays (see sim/vectorized.py): CUDA, and a method with a pure local objective
-        self.vectorized = engine == "vectorized" or (
-            engine == "auto" and data.x_train.is_cuda and algorithm.vectorizable())
-        self.side_by_side = side_by_side
         device = data.x_train.device
         self.clients = [torch.as_tensor(idx, dtype=torch.long, device=device) for idx in client_indices]
+        self.side_by_side = min(side_by_side, self.clients_per_round)  # the most clients trained at once
+        # ``engine`` is the config's mode or an earlier seed's measured choice (train.train_job); None: auto on
+        # CUDA, measured in the first round this run trains (sim/engine_choice.py)
+        self.engine = engine if isinstance(engine, EngineChoice) else initial_choice(
+            engine, self.side_by_side, device, algorithm)
         labels = data.y_train.cpu().numpy()
         self.class_counts = np.stack(
             [np.bincount(labels[idx], minlength=data.num_classes) for idx in client_indices]
@@ -123,10 +131,18 @@ class FederatedRun:
         self.alg.sim = self
         self.alg.setup(self.flat, len(client_indices), training)
 
+    @property
+    def vectorized(self) -> bool:
+        """Whether the sampled clients train side by side (sim/vectorized.py)."""
+        return self.engine is not None and self.engine.mode == SIDE_BY_SIDE
+
+    @property
+    def clients_per_round(self) -> int:
+        return max(1, int(round(self.cfg.join_ratio * len(self.clients))))
+
     # ----- one client
     def sample_clients(self, rnd: int) -> np.ndarray:
-        k = len(self.clients)
-        m = max(1, int(round(self.cfg.join_ratio * k)))
+        k, m = len(self.clients), self.clients_per_round
         if m >= k:
             return np.arange(k)
         return np.sort(seeding.rng_for(self.seed, seeding.SAMPLING, rnd).choice(k, m, replace=False))
@@ -140,17 +156,23 @@ class FederatedRun:
 
     def train_client(self, cid: int, rnd: int, w_global: torch.Tensor) -> tuple[dict, torch.Tensor, int]:
         """E local epochs of SGD from ``w_global``; returns (upload, summed batch loss, samples seen)."""
-        flat, alg = self.flat, self.alg
-        idx = self.clients[cid]
-        n = len(idx)
-        client = Client(cid=cid, round=rnd, w_start=w_global, num_samples=n)
+        flat = self.flat
+        client = self.client(cid, rnd, w_global)
         flat.load(w_global)
-        gen = torch.Generator().manual_seed(seeding.derive_seed(self.seed, seeding.BATCHES, rnd, cid))
-        loss_sum, seen = self.local_sgd(client, self.data.x_train, self.data.y_train,
-                                        self.local_batches(idx, gen, rnd, cid))
+        loss_sum, seen = self.local_sgd(client, self.data.x_train, self.data.y_train, self.client_batches(cid, rnd))
         with torch.no_grad():
-            upload = alg.upload(client, flat.w)
+            upload = self.alg.upload(client, flat.w)
         return upload, loss_sum, seen
+
+    def client(self, cid: int, rnd: int, w_global: torch.Tensor) -> Client:
+        """What the hooks know of client ``cid`` starting its local training in round ``rnd``."""
+        return Client(cid=cid, round=rnd, w_start=w_global, num_samples=len(self.clients[cid]))
+
+    def client_batches(self, cid: int, rnd: int):
+        """Client ``cid``'s local batches in round ``rnd`` (``local_batches``) from its own seeded generator:
+        whichever engine trains it, or the engine probe times it, draws the same."""
+        gen = torch.Generator().manual_seed(seeding.derive_seed(self.seed, seeding.BATCHES, rnd, cid))
+        return self.local_batches(self.clients[cid], gen, rnd, cid)
 
     def local_sgd(self, client: Client, x_all: torch.Tensor, y_all: torch.Tensor,
                   batches: Iterable[torch.Tensor]) -> tuple[torch.Tensor, int]:
@@ -198,22 +220,23 @@ class FederatedRun:
 
     def client_groups(self, cids: list[int], weights: list[float]):
         """The sampled clients in training order: one at a time, or side by side in groups of at most
-        ``side_by_side`` (memory: each lane holds a parameter, gradient and momentum vector). Side by side,
-        clients are bucketed by size first, so a group's lanes finish their local steps together instead
-        of idling behind the largest client."""
+        the engine's ``clients_at_once`` (memory: each lane holds a parameter, gradient and momentum vector,
+        and a batch's activations). Side by side, clients are bucketed by size first, so a group's lanes
+        finish their local steps together instead of idling behind the largest client."""
         if not self.vectorized:
             yield from (([c], [p]) for c, p in zip(cids, weights, strict=True))
             return
+        width = self.engine.clients_at_once
         order = sorted(range(len(cids)), key=lambda i: len(self.clients[cids[i]]))
-        for start in range(0, len(order), self.side_by_side):
-            group = order[start : start + self.side_by_side]
+        for start in range(0, len(order), width):
+            group = order[start : start + width]
             yield [cids[i] for i in group], [weights[i] for i in group]
 
     # ----- the loop
-    def run(self, checkpoint: Path | None = None, fingerprint: str = "") -> RunResult:
+    def run(self, checkpoint: Path | None = None, fingerprint: str = "") -> SyncResult:
         cfg = self.cfg
         w = self.w_init.clone()
-        result = RunResult()
+        result = SyncResult(engine=self.engine.summary() if self.engine else None)
         start_round, bytes_up, bytes_down, seconds = 1, 0, 0, 0.0
         resumed = load_checkpoint(checkpoint, fingerprint) if checkpoint else None
         if resumed is not None:
@@ -236,6 +259,11 @@ class FederatedRun:
             sampled = self.sample_clients(rnd)
             weights = self.weighting(sampled)
             self.alg.server_begin(w, sampled, weights)
+            if self.engine is None:  # auto on CUDA: measured on this round's model before any client trains
+                self.engine = measure(self, rnd, w, sampled.tolist(), self.side_by_side)
+                result.engine = self.engine.summary()
+                self.log(f"engine: {self.engine.mode}, {self.engine.clients_at_once} client(s) at once "
+                         f"({self.engine.reason})")
             loss_sum = torch.zeros((), device=w.device)
             seen = 0
             for cids, ps in self.client_groups(sampled.tolist(), list(weights)):

@@ -14,7 +14,8 @@ are slower than m ordinary ones (benchmarks/engine.py), and benchmarks/roofline.
 per-client-weight scheme can win there: the 4-layer CNN's plain SGD step already runs at about half the
 core's matrix-multiply peak, so even clients sharing one weight set at m times the batch would save only
 ~10%; grouped convolutions (vmap) cost 1.2-1.7x and unfold + batched matmul 1.9-3.5x the plain loop.
-So ``engine: auto`` picks it only on CUDA.
+So ``engine: auto`` never picks it on a CPU, and on CUDA times both engines first (sim/engine_choice.py):
+grouped convolutions have slow cases on GPUs too, and each lane holds a whole batch's activations.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from typing import TYPE_CHECKING
 import torch
 from torch.func import grad_and_value, vmap
 
-from fedrepro import seeding
 from fedrepro.algorithms.base import Client
 
 if TYPE_CHECKING:
@@ -35,13 +35,22 @@ def train_side_by_side(run: FederatedRun, cids: list[int], rnd: int,
                        w_global: torch.Tensor) -> list[tuple[dict, torch.Tensor, int]]:
     """Local training of ``cids`` from ``w_global``; per client (upload, summed batch loss, samples seen),
     as ``FederatedRun.train_client`` returns them."""
-    cfg, alg, flat = run.cfg, run.alg, run.flat
-    dev, m, bsz = w_global.device, len(cids), cfg.batch_size
+    alg = run.alg
     clients = [Client(cid=c, round=rnd, w_start=w_global, num_samples=len(run.clients[c])) for c in cids]
-    schedules = []
-    for c in cids:
-        gen = torch.Generator().manual_seed(seeding.derive_seed(run.seed, seeding.BATCHES, rnd, c))
-        schedules.append(list(run.local_batches(run.clients[c], gen, rnd, c)))
+    w, loss_sums, seen = local_steps_side_by_side(run, clients, [list(run.client_batches(c, rnd)) for c in cids],
+                                                  w_global)
+    with torch.no_grad():
+        uploads = [alg.upload(client, w[i]) for i, client in enumerate(clients)]
+    return [(uploads[i], loss_sums[i], seen[i]) for i in range(len(cids))]
+
+
+def local_steps_side_by_side(run: FederatedRun, clients: list[Client], schedules: list[list[torch.Tensor]],
+                             w_global: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """The clients' optimiser steps, lane i over the index batches ``schedules[i]``, all from ``w_global``:
+    (final parameters [m, P], summed batch loss per lane, samples seen per lane). No upload: the engine
+    probe (sim/engine_choice.py) times these steps alone."""
+    cfg, alg, flat = run.cfg, run.alg, run.flat
+    dev, m, bsz = w_global.device, len(clients), cfg.batch_size
     lengths = torch.tensor([len(s) for s in schedules], device=dev)
 
     extras_per_client = [alg.loss_extras(c) for c in clients]
@@ -52,7 +61,7 @@ def train_side_by_side(run: FederatedRun, cids: list[int], rnd: int,
 
     step_fn = vmap(grad_and_value(lane_loss))
     w = w_global.expand(m, -1).clone()
-    optimizer = cfg.local_optimizer(rnd)  # one for all lanes: they start and step together
+    optimizer = cfg.local_optimizer(clients[0].round)  # one for all lanes: they start and step together
     loss_sums = torch.zeros(m, device=dev)
     seen = [0] * m
     x_all, y_all = run.data.x_train, run.data.y_train
@@ -76,6 +85,4 @@ def train_side_by_side(run: FederatedRun, cids: list[int], rnd: int,
         for i in active:
             seen[i] += int(mask[i].sum())
             clients[i].steps += 1
-    with torch.no_grad():
-        uploads = [alg.upload(clients[i], w[i]) for i in range(m)]
-    return [(uploads[i], loss_sums[i], seen[i]) for i in range(m)]
+    return w, loss_sums, seen
