@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import torch
 import yaml
 from conftest import REPO
+
+from fedrepro.sim.checkpoint import save_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -84,9 +85,10 @@ def test_a_diverged_method_is_reported_with_its_round_and_the_rest_renders(done)
     assert metrics["round"].tolist() == [1] and metrics["train_loss"].isna().all()
     assert pd.read_csv(res / "runs/iid/ok/seed0/metrics.csv")["round"].tolist() == [1, 2, 3]
     assert "diverged at round 1: train loss nan" in (res / "logs/train/iid/boom.log").read_text()
-    # the checkpoint keeps the verdict: a rerun does not train the diverged run again
-    ckpt = torch.load(next((res / "checkpoints/iid/boom").rglob("seed0.pt")), weights_only=False)
-    assert (ckpt["status"], ckpt["diverged_round"], ckpt["round"]) == ("diverged", 1, 1)
+    # the finished marker keeps the verdict: a rerun does not train the diverged run again; no checkpoint left
+    marker = json.loads(next((res / "checkpoints/iid/boom").rglob("seed0.done.json")).read_text())
+    assert (marker["status"], marker["diverged_round"]) == ("diverged", 1)
+    assert not list((res / "checkpoints").rglob("*.pt"))
 
     summary = pd.read_csv(res / "summary.csv")
     assert sorted(zip(summary["method"], summary["status"], strict=True)) == [
@@ -124,10 +126,14 @@ def test_b_an_invalid_edit_after_a_run_is_refused_naming_file_and_key_and_loses_
 
 def test_c_a_checkpoint_of_another_configuration_is_refused_naming_it(run_dir):
     res = run_dir / "results" / "tiny"
-    # left behind by an earlier attempt under another configuration: boom's checkpoints in ok's place
-    ok_ckpts = sorted((res / "checkpoints/iid/ok").rglob("seed0.pt"))
-    assert len(ok_ckpts) == 1
-    shutil.copy(next((res / "checkpoints/iid/boom").rglob("seed0.pt")), ok_ckpts[0])
+    # left behind by an unfinished attempt under another configuration (no finished marker): a checkpoint of
+    # boom's seed 0 in ok's place
+    ok_markers = sorted((res / "checkpoints/iid/ok").rglob("seed0.done.json"))
+    assert len(ok_markers) == 1
+    ok_markers[0].unlink()
+    boom = json.loads(next((res / "checkpoints/iid/boom").rglob("seed0.done.json")).read_text())
+    ok_ckpts = [ok_markers[0].with_name("seed0.pt")]
+    save_checkpoint(ok_ckpts[0], boom["fingerprint"], {"round": 1})
     untouched = {k: v for k, v in hashes(run_dir).items()
                  if "/ok/" not in k and not k.endswith(("/ok.log", "seeds.json"))}
     foreign = hashlib.sha256(ok_ckpts[0].read_bytes()).hexdigest()

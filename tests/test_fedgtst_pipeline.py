@@ -126,7 +126,9 @@ def test_pretrain_finetune_aggregate_table_and_figures(tmp_path, data_dir):
         pipeline.partition(data_dir / "digits.npz", spec["partition"], [0], [part], log)
         train_index = res / f"runs/{setting}/{method}/seeds.json"
         ckpt = res / f"checkpoints/{setting}/{method}"
-        pipeline.train(spec, data_dir / "digits.npz", [part], [0], train_index, ckpt, "cpu", 1, log)
+        # keep_model: what the train rule sets for a setting with a `target`; the checkpoint itself goes
+        pipeline.train(spec, data_dir / "digits.npz", [part], [0], train_index, ckpt, "cpu", 1, log, keep_model=True)
+        assert not (ckpt / "seed0.pt").exists() and (ckpt / "seed0.model.pt").is_file()
         ft_index = res / f"finetune/{setting}/{method}/seeds.json"
         pipeline.finetune(finetune_spec(study, setting, method), train_index, data_dir / "digits.npz",
                           data_dir / "digits_m.npz", ckpt, ft_index, "cpu", 1, log)

@@ -1,8 +1,9 @@
 """Fine-tuning a federated pre-trained model on a target domain (FedGTST's transferability metric).
 
-One fine-tuning job per (setting, method) reads every seed's final pre-trained parameters from the train
-job's checkpoints, fine-tunes each on the target data set's train split and reports its target test
-accuracy after every fine-tuning epoch (FedGTST's Fig. 1) and at the end (its tables).
+One fine-tuning job per (setting, method) reads every seed's final pre-trained parameters from the file the
+train job keeps for it (seed{N}.model.pt beside its finished marker; for a run finished before those files
+existed, its last checkpoint), fine-tunes each on the target data set's train split and reports its target
+test accuracy after every fine-tuning epoch (FedGTST's Fig. 1) and at the end (its tables).
 
 The model h = g o f is the engine's ``head(body(x))``. Fine-tuning always learns a new head g for the
 target's classes (the source and target label spaces may differ: CIFAR-10 -> SVHN); ``mode`` says what
@@ -31,6 +32,7 @@ from fedrepro import seeding
 from fedrepro.data.format import load_prepared
 from fedrepro.io import atomic_write_json
 from fedrepro.models import build_model
+from fedrepro.sim.checkpoint import SeedFiles
 from fedrepro.sim.flat import FlatModel
 from fedrepro.sim.tensors import DeviceData, evaluate, to_device_data
 
@@ -161,12 +163,14 @@ def finetune_job(spec: dict, source_path: Path, target_path: Path, runs: list[di
         tag = f"{spec['study']}/{spec['setting']}/{spec['method']} seed {seed}"
         record = {"study": spec["study"], "setting": spec["setting"], "method": spec["method"], "seed": seed,
                   "target": spec["target"], "config": spec["finetune"], "diverged_round": None}
-        ckpt = Path(checkpoint_dir) / f"seed{seed}.pt"
-        if not ckpt.is_file():  # the train job's working file, not a declared output: say how to get it back
-            raise FileNotFoundError(f"{tag}: the pre-trained model {ckpt} is missing; delete "
+        files = SeedFiles.of(checkpoint_dir, seed)
+        # the train job's working files, not declared outputs: if neither is there, say how to get them back
+        pretrained = next((p for p in (files.model, files.checkpoint) if p.is_file()), None)
+        if pretrained is None:
+            raise FileNotFoundError(f"{tag}: the pre-trained model {files.model} is missing; delete "
                                     f"{Path(out_dir).parent.parent.parent / 'runs' / spec['setting'] / spec['method']}"
                                     "/seeds.json to rerun its train job")
-        blob = torch.load(ckpt, map_location="cpu", weights_only=False)
+        blob = torch.load(pretrained, map_location="cpu", weights_only=False)
         if run.get("status") == "diverged" or blob.get("status") == "diverged":
             # a diverged pre-training has no model worth fine-tuning: report it, as the tables do
             record.update(status="diverged", diverged_round=blob.get("diverged_round"), target_acc=None,

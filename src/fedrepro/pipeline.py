@@ -99,9 +99,12 @@ def partition(data: Path, spec: dict, seeds: list[int], outs: list[Path], log: C
 
 def train(spec: dict, data: Path, partitions: list[Path], seeds: list[int], index: Path,
           checkpoint_dir: Path, device: str, threads: int, log: Callable[[str], None],
-          engine: dict | None = None, started: float | None = None) -> None:
+          engine: dict | None = None, started: float | None = None, keep_checkpoints: bool = False,
+          keep_model: bool = False) -> None:
     """Every seed of one method x setting; ``index`` (seeds.json) is written last and lists the folders and,
-    given ``started`` (time.perf_counter() at the job's start), the job's wall seconds."""
+    given ``started`` (time.perf_counter() at the job's start), the job's wall seconds. A finished seed keeps
+    its run folder and a marker, its last checkpoint only with ``keep_checkpoints``, its final model with
+    ``keep_model`` (train.run_seeds)."""
     import time
 
     from fedrepro.federations import job_of
@@ -114,7 +117,7 @@ def train(spec: dict, data: Path, partitions: list[Path], seeds: list[int], inde
         spec, Path(data),
         partitions=dict(zip(seeds, map(Path, partitions), strict=True)),
         out_dirs=out_dirs, checkpoint_dir=Path(checkpoint_dir), device=device, threads=threads, log=log,
-        engine=engine,
+        engine=engine, keep_checkpoints=keep_checkpoints, keep_model=keep_model,
     )
     atomic_write_json(index, {"runs": [
         {"seed": s, "dir": out_dirs[s].name, "status": r.status} for s, r in results.items()

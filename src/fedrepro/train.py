@@ -21,6 +21,7 @@ from fedrepro.io import atomic_write_json, atomic_write_text
 from fedrepro.models import build_model
 from fedrepro.partition import load_partition, longtail_test_indices, stratified_subset
 from fedrepro.seeding import INIT, derive_seed
+from fedrepro.sim.checkpoint import SeedFiles, finished_marker, mark_finished
 from fedrepro.sim.sync import FederatedRun, RunResult, TrainingConfig, request_stop
 from fedrepro.sim.tensors import DeviceData, to_device_data
 
@@ -125,26 +126,42 @@ def run_seeds(
     log: Callable[[str], None],
     build: Callable[[int, list[np.ndarray], DeviceData, Callable[[str], None]], SeedRun],
     finish: Callable[[SeedRun, Path], None] | None = None,
+    keep_checkpoints: bool = False,
+    keep_model: bool = False,
 ) -> dict[int, RunResult]:
     """Every seed of one train job, whatever the engine: ``build(seed, parts, data, log)`` makes the seed's run
     (torch's RNG seeded first, so models initialise alike); it resumes from its checkpoint if one matches;
-    ``finish(run, out_dir)`` writes what an engine adds; summary.json comes last and marks the seed done."""
+    ``finish(run, out_dir)`` writes what an engine adds; summary.json comes last and marks the seed done.
+    With a ``checkpoint_dir``, a finished seed leaves a marker there (sim/checkpoint.py) and its checkpoint
+    goes unless ``keep_checkpoints``; ``keep_model`` keeps its final parameters (fine-tuning reads them). A
+    seed whose marker matches is not trained again: its result holds only its status (the rest is in its
+    run folder)."""
     dev, prepared, data = job_data(spec, data_path, device, threads)
     results = {}
     for seed, part_path in partitions.items():
         parts = load_partition(part_path)
         tag = f"{spec['study']}/{spec['setting']}/{spec['method']} seed {seed}"
-        log(f"{tag}: {len(parts)} clients, model {spec['model']}, device {dev}")
-        torch.manual_seed(derive_seed(seed, INIT))
-        run = build(seed, parts, data, lambda msg, tag=tag: log(f"{tag}: {msg}"))
-        ckpt = checkpoint_dir / f"seed{seed}.pt" if checkpoint_dir else None
-        result = run.run(ckpt, fingerprint(spec, seed, prepared.meta["sha256"], parts))
+        run_fingerprint = fingerprint(spec, seed, prepared.meta["sha256"], parts)
         out = Path(out_dirs[seed])
-        out.mkdir(parents=True, exist_ok=True)
-        if finish:
-            finish(run, out)
-        write_run(out, spec, seed, result, dev)
-        results[seed] = result
+        files = SeedFiles.of(checkpoint_dir, seed) if checkpoint_dir else None
+        done = files and finished_marker(files, run_fingerprint, out, keep_model)
+        if done:
+            log(f"{tag}: finished ({done['status']}) as {files.marker} says, its metrics unchanged: not trained again")
+            results[seed] = RunResult(status=done["status"], diverged_round=done["diverged_round"],
+                                      stopped_round=done["stopped_round"])
+        else:
+            log(f"{tag}: {len(parts)} clients, model {spec['model']}, device {dev}")
+            torch.manual_seed(derive_seed(seed, INIT))
+            run = build(seed, parts, data, lambda msg, tag=tag: log(f"{tag}: {msg}"))
+            results[seed] = run.run(files.checkpoint if files else None, run_fingerprint)
+            out.mkdir(parents=True, exist_ok=True)
+            if finish:
+                finish(run, out)
+            write_run(out, spec, seed, results[seed], dev)
+            if files:
+                mark_finished(files, run_fingerprint, out, results[seed], keep_model)
+        if files and not keep_checkpoints:  # also one a crash left behind after the marker was written
+            files.checkpoint.unlink(missing_ok=True)
     return results
 
 
@@ -158,9 +175,12 @@ def train_job(
     threads: int = 1,
     log: Callable[[str], None] = print,
     engine: dict | None = None,
+    keep_checkpoints: bool = False,
+    keep_model: bool = False,
 ) -> dict[int, RunResult]:
-    """Train ``spec`` (federation sync) for every seed; each seed resumes from its checkpoint if one matches.
-    ``engine: {mode: auto}`` on CUDA measures in the job's first seed; the later seeds keep its choice."""
+    """Train ``spec`` (federation sync) for every seed; each seed resumes from its checkpoint if one matches
+    (what a finished seed keeps: run_seeds). ``engine: {mode: auto}`` on CUDA measures in the job's first
+    seed; the later seeds keep its choice."""
     training = TrainingConfig(**spec["training"])
     engine = engine or {}
     previous: list[FederatedRun] = []  # the seed built last, finished when the next one is built
@@ -184,4 +204,5 @@ def train_job(
         previous.append(run)
         return run
 
-    return run_seeds(spec, data_path, partitions, out_dirs, checkpoint_dir, device, threads, log, build)
+    return run_seeds(spec, data_path, partitions, out_dirs, checkpoint_dir, device, threads, log, build,
+                     keep_checkpoints=keep_checkpoints, keep_model=keep_model)

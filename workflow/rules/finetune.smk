@@ -1,8 +1,8 @@
 # Fine-tuning on the target domain (FedGTST): one job per transferred method x setting, every seed inside,
-# starting from the final pre-trained parameters in the train job's checkpoints (read, not declared: they
-# are the train job's working files; its seeds.json is written after the last one). Each seed writes
-# finetune/{setting}/{method}/seed{N}.json (target accuracy per fine-tuning epoch and final); seeds.json
-# lists them and is written last.
+# starting from the final pre-trained parameters the train job keeps in its checkpoint directory,
+# seed{N}.model.pt (read, not declared: they are the train job's working files; its seeds.json is written
+# after the last one). Each seed writes finetune/{setting}/{method}/seed{N}.json (target accuracy per
+# fine-tuning epoch and final); seeds.json lists them and is written last.
 
 
 localrules:

@@ -1,6 +1,10 @@
 # Training: one job per method x setting (the GPU-resourced unit), every seed inside it.
 # Each seed writes runs/{setting}/{method}/seed{N}/{metrics.csv,summary.json}; the job's declared output
 # is the index of those folders, written last, so a failed job keeps its finished seeds and checkpoints.
+# A finished seed leaves seed{N}.done.json in the checkpoint directory (its fingerprint, status and the
+# sha256 of its run folder's files: a rerun of the job skips it while they match) and deletes its checkpoint
+# unless `keep_checkpoints`; a seed that a fine-tuning job reads (a setting with a `target`) also keeps
+# seed{N}.model.pt, its final parameters alone.
 # No `benchmark:` directive: its memory polling (psutil over /proc/<pid>/smaps twice a second in Snakemake's
 # own process) took ~5% of a 2-core laptop; the index records the job's wall seconds instead.
 
@@ -19,6 +23,8 @@ rule train:
         checkpoint_dir=checkpoint_dir,
         device=CFG["device"],
         engine=CFG["engine"],
+        keep_checkpoints=CFG["keep_checkpoints"],
+        keep_model=lambda w: "target" in setting_of(w),
     threads: CFG["train_resources"]["threads"]
     resources:
         gpu=CFG["train_resources"]["gpu"],

@@ -15,4 +15,5 @@ pipeline.main_from_snakemake(
     sm, pipeline.train, spec=sm.params.spec, data=sm.input.data, partitions=list(sm.input.partitions),
     seeds=list(sm.params.seeds), index=sm.output[0], checkpoint_dir=sm.params.checkpoint_dir,
     device=sm.params.device, engine=sm.params.engine, threads=sm.threads, started=STARTED,
+    keep_checkpoints=sm.params.keep_checkpoints, keep_model=sm.params.keep_model,
 )

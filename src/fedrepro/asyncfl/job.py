@@ -35,8 +35,11 @@ def train_async_job(
     threads: int = 1,
     log: Callable[[str], None] = print,
     engine: dict | None = None,  # the synchronous engine's options: clients train one at a time here
+    keep_checkpoints: bool = False,
+    keep_model: bool = False,
 ) -> dict[int, RunResult]:
-    """Train ``spec`` for every seed; each seed resumes from its checkpoint if one matches."""
+    """Train ``spec`` for every seed; each seed resumes from its checkpoint if one matches (what a finished
+    seed keeps: train.run_seeds)."""
     asyn = AsyncConfig(**spec["async"])
     ood_cache: dict[str, DeviceData] = {}
 
@@ -70,4 +73,5 @@ def train_async_job(
             rounds, cosines = run.true_update_cosines()
             atomic_write_npz(out / TRUE_UPDATES, rounds=rounds, cosines=cosines)
 
-    return run_seeds(spec, data_path, partitions, out_dirs, checkpoint_dir, device, threads, log, build, finish)
+    return run_seeds(spec, data_path, partitions, out_dirs, checkpoint_dir, device, threads, log, build, finish,
+                     keep_checkpoints=keep_checkpoints, keep_model=keep_model)

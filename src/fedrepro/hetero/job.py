@@ -35,8 +35,11 @@ def train_hetero_job(
     threads: int = 1,
     log: Callable[[str], None] = print,
     engine: dict | None = None,  # the homogeneous engine's options: nothing to choose here
+    keep_checkpoints: bool = False,
+    keep_model: bool = False,
 ) -> dict[int, HeteroResult]:
-    """Train ``spec`` for every seed; each seed resumes from its checkpoint if one matches."""
+    """Train ``spec`` for every seed; each seed resumes from its checkpoint if one matches (what a finished
+    seed keeps: train.run_seeds)."""
     training = hetero_config(spec["training"])
 
     def build(seed: int, parts: list[np.ndarray], data: DeviceData, log: Callable[[str], None]) -> HeteroRun:
@@ -50,4 +53,5 @@ def train_hetero_job(
             atomic_write_npz(out / EMBEDDINGS, anchors=vectors.detach().cpu().numpy(), space=np.array(space),
                              **run.embeddings(space))
 
-    return run_seeds(spec, data_path, partitions, out_dirs, checkpoint_dir, device, threads, log, build, finish)
+    return run_seeds(spec, data_path, partitions, out_dirs, checkpoint_dir, device, threads, log, build, finish,
+                     keep_checkpoints=keep_checkpoints, keep_model=keep_model)

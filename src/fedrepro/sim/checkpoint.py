@@ -1,14 +1,21 @@
-"""Checkpoints that are refused, never silently reused, when they belong to another configuration."""
+"""Checkpoints that are refused, never silently reused, when they belong to another configuration, and what
+replaces a seed's checkpoint once it finished: a small marker (its fingerprint, status and the sha256 of its
+run folder's files) and, where fine-tuning reads it, the final model alone. The checkpoint itself goes unless
+the config keeps it (`keep_checkpoints`): at paper scale a finished seed's checkpoint holds every client's
+state (0.5 to 2.3 GB per job), which nothing reads once the seed's metrics are written."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from fedrepro.io import atomic_write
+from fedrepro.data.weights import sha256sum
+from fedrepro.io import atomic_write, atomic_write_json
 
 FORMAT = 2  # 2: evaluation rows carry client accuracy mean and variance
 
@@ -86,3 +93,81 @@ def resume_progress(resumed: dict[str, Any], result: Any) -> tuple[int, int, int
     result.history = resumed["history"]
     result.status, result.diverged_round = resumed["status"], resumed["diverged_round"]
     return resumed["round"] + 1, resumed["bytes_up"], resumed["bytes_down"], resumed["seconds"]
+
+
+@dataclass(frozen=True)
+class SeedFiles:
+    """One seed's files in its train job's checkpoint directory."""
+
+    checkpoint: Path  # the resumable state, rewritten every checkpoint_every rounds
+    marker: Path  # the seed finished: its fingerprint, status and the sha256 of its run folder's files
+    model: Path  # the final parameters alone, for what reads them after training (FedGTST's fine-tuning)
+
+    @classmethod
+    def of(cls, checkpoint_dir: Path, seed: int) -> SeedFiles:
+        stem = Path(checkpoint_dir) / f"seed{seed}"
+        return cls(stem.with_suffix(".pt"), stem.with_suffix(".done.json"), stem.with_suffix(".model.pt"))
+
+
+def _run_files(out_dir: Path) -> list[Path]:
+    """The files of a seed's run folder (metrics.csv, summary.json and what an engine adds), not an atomic
+    write's leftover temporary file."""
+    return sorted(p for p in Path(out_dir).iterdir() if p.is_file() and not p.name.startswith("."))
+
+
+def mark_finished(files: SeedFiles, fingerprint: str, out_dir: Path, result: Any, keep_model: bool) -> None:
+    """Write a finished seed's marker, after its model file when ``keep_model``: both come from its last
+    checkpoint, which the caller may then delete; a crash in between leaves either no marker (the next
+    invocation resumes from the finished checkpoint, training nothing) or a valid one."""
+    if keep_model:  # the same parameters fine-tuning read from the checkpoint before it was deleted
+        final = torch.load(files.checkpoint, map_location="cpu", weights_only=False)
+        save_checkpoint(files.model, fingerprint, {k: final[k] for k in ("w", "status", "diverged_round")})
+    atomic_write_json(files.marker, {
+        "fingerprint": fingerprint, "status": result.status, "diverged_round": result.diverged_round,
+        "stopped_round": result.stopped_round, "checkpoint_bytes": files.checkpoint.stat().st_size,
+        "files": {p.name: sha256sum(p) for p in _run_files(out_dir)},
+    })
+
+
+def finished_marker(files: SeedFiles, fingerprint: str, out_dir: Path, keep_model: bool) -> dict[str, Any] | None:
+    """The seed's marker if it says this run (``fingerprint``: config, seed, data and partition) finished,
+    every run-folder file it lists is unchanged and, when ``keep_model``, the model file is there; else None
+    (the seed trains, or resumes from its checkpoint)."""
+    try:
+        marker = json.loads(files.marker.read_text())
+    except (OSError, ValueError):  # none yet, or unreadable: not finished
+        return None
+    if marker.get("fingerprint") != fingerprint or (keep_model and not files.model.is_file()):
+        return None
+    out = Path(out_dir)
+    for name, sha in marker["files"].items():
+        if not (out / name).is_file() or sha256sum(out / name) != sha:
+            return None
+    return marker
+
+
+@dataclass(frozen=True)
+class DiskFootprint:
+    """A train job's bytes on disk. While it runs: the finished seeds' ``kept_bytes`` so far plus the running
+    seed's checkpoint (seeds run one after another), and twice that for a moment while a checkpoint is
+    rewritten (the new file is written beside the old one). Once finished: ``kept_bytes``."""
+
+    checkpoint_bytes: int  # the largest checkpoint of its seeds (a finished seed's is recorded in its marker)
+    kept_bytes: int  # the finished seeds' run folders, markers, model files and any checkpoint kept
+
+
+def job_footprint(checkpoint_dir: Path, out_dirs: dict[int, Path]) -> DiskFootprint:
+    """Measure a train job's footprint from the files it wrote (``out_dirs``: seed -> run folder, as the job
+    got them); a seed not started yet counts nothing."""
+    checkpoint_bytes = kept_bytes = 0
+    for seed, out_dir in out_dirs.items():
+        files = SeedFiles.of(checkpoint_dir, seed)
+        live = files.checkpoint.stat().st_size if files.checkpoint.is_file() else 0
+        if not files.marker.is_file():
+            checkpoint_bytes = max(checkpoint_bytes, live)
+            continue
+        marker = json.loads(files.marker.read_text())
+        checkpoint_bytes = max(checkpoint_bytes, marker["checkpoint_bytes"])
+        kept = [files.marker, files.model, *_run_files(out_dir)]
+        kept_bytes += live + sum(p.stat().st_size for p in kept if p.is_file())
+    return DiskFootprint(checkpoint_bytes, kept_bytes)
