@@ -3,9 +3,9 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-CORES ?= 2
+CORES ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: run test browser fashion-mnist lint bench cost clean-results clean-paper-results
+.PHONY: run test browser fashion-mnist lint bench cost preflight clean-results clean-paper-results
 
 $(VENV)/.installed: requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,13 @@ bench: $(VENV)/.installed
 
 cost: $(VENV)/.installed
 	$(BIN)/python -m fedrepro.cost --configfile config/paper.yaml
+
+# every job shape of a config through the real train path for two rounds on synthetic data of its real shapes,
+# projected to the paper's sizes against train_resources (PREFLIGHT_ARGS: --sample N, --device cuda, ...)
+PREFLIGHT_CONFIG ?= config/paper.yaml
+preflight: $(VENV)/.installed
+	$(BIN)/python -m fedrepro.preflight --configfile $(PREFLIGHT_CONFIG) --jobs $(CORES) \
+	  --out results/preflight/$(notdir $(basename $(PREFLIGHT_CONFIG))).md $(PREFLIGHT_ARGS)
 
 # the embedded default's results only: paper-scale ones (results/paper, GPU days) go with clean-paper-results
 clean-results:

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from conftest import REPO, laptop_full_config
 
-from fedrepro.config import ConfigError, grid_runs, resolve_config, run_spec
+from fedrepro.config import ConfigError, grid_runs, job_resources, resolve_config, run_spec
 
 
 @pytest.fixture
@@ -48,6 +48,19 @@ def test_setting_and_method_overrides_win_over_defaults(config):
     assert run_spec(s, "niid1", "fedprox")["training"]["lr"] == 0.5
     assert run_spec(s, "niid2", "fedavg")["training"]["rounds"] == study(config)["defaults"]["rounds"] != 7
     assert run_spec(s, "niid1", "fedavg")["training"]["lr"] == 0.01
+
+
+def test_a_jobs_resources_are_train_resources_overridden_by_its_setting_then_its_method(config):
+    study(config)["settings"]["niid1"]["resources"] = {"mem_mb": 9000, "runtime": 90}
+    study(config)["methods"]["scaffold"]["resources"] = {"mem_mb": 12000}
+    resolved = resolve_config(config)
+    s, base = resolved["studies"]["feddisco"], resolved["train_resources"]
+    assert job_resources(base, s, "niid1", "fedavg") == {**base, "mem_mb": 9000, "runtime": 90}
+    assert job_resources(base, s, "niid1", "scaffold") == {**base, "mem_mb": 12000, "runtime": 90}
+    bad = copy.deepcopy(config)
+    study(bad)["settings"]["niid1"]["resources"] = {"mem_gb": 9}
+    with pytest.raises(ConfigError, match=r"settings.niid1.resources: unknown key 'mem_gb'"):
+        resolve_config(bad)
 
 
 @pytest.mark.parametrize(

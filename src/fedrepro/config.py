@@ -605,6 +605,13 @@ def run_training(study: dict, setting: str, method: str) -> dict[str, Any]:
     return training
 
 
+def job_resources(train_resources: dict, study: dict, setting: str, method: str) -> dict[str, Any]:
+    """The cluster resources of one train or fine-tuning job: the config's ``train_resources``, overridden by
+    the setting's ``resources``, then the method's."""
+    return {**train_resources, **study["settings"][setting].get("resources", {}),
+            **study["methods"][method].get("resources", {})}
+
+
 def label_of(study: dict, kind: str, key: str) -> str:
     """Display label of a method or setting (its `label`, else its key)."""
     return study[kind][key].get("label", key)

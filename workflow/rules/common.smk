@@ -14,6 +14,7 @@ from fedrepro.config import (  # noqa: E402
     figure_runs_methods,
     finetune_spec,
     grid_runs,
+    job_resources,
     label_of,
     resolve_config,
     run_async,
@@ -223,6 +224,11 @@ def train_spec(wildcards):
     spec = run_spec(study_of(wildcards), wildcards.setting, wildcards.method)
     weights = weights_files(wildcards)
     return {**spec, "weights": weights[0]} if weights else spec
+
+
+def resource_of(key):
+    """A rule's resource ``key`` of the job's setting x method (train_resources, or the study's override)."""
+    return lambda w: job_resources(CFG["train_resources"], study_of(w), w.setting, w.method)[key]
 
 
 def checkpoint_dir(wildcards):

@@ -23,8 +23,8 @@ rule finetune:
     threads: CFG["train_resources"]["threads"]
     resources:
         gpu=CFG["train_resources"]["gpu"],
-        mem_mb=CFG["train_resources"]["mem_mb"],
-        runtime=CFG["train_resources"]["runtime"],
+        mem_mb=resource_of("mem_mb"),
+        runtime=resource_of("runtime"),
     log:
         f"{RES}/{{study}}/logs/finetune/{{setting}}/{{method}}.log",
     conda:

@@ -28,8 +28,8 @@ rule train:
     threads: CFG["train_resources"]["threads"]
     resources:
         gpu=CFG["train_resources"]["gpu"],
-        mem_mb=CFG["train_resources"]["mem_mb"],
-        runtime=CFG["train_resources"]["runtime"],
+        mem_mb=resource_of("mem_mb"),
+        runtime=resource_of("runtime"),
     log:
         f"{RES}/{{study}}/logs/train/{{setting}}/{{method}}.log",
     conda:

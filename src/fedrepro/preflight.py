@@ -1,0 +1,519 @@
+"""Preflight: every distinct job shape of a config, run through the real path before GPU hours are spent.
+
+    python -m fedrepro.preflight --configfile config/paper.yaml [--sample N] [--device auto] [--out FILE]
+
+Jobs are grouped by what decides their memory and time (federation, method, model, data set and input size,
+clients, batch, server data, and the switches of a method); each group's first job runs the real train job
+(``pipeline.partition``'s partitioner, ``pipeline.train``, and for a transfer setting ``pipeline.finetune``)
+for two rounds and one fine-tuning epoch, on synthetic data of the data set's real shape and classes, with the
+real client count and partition kind, each client holding about one batch, in a forked process of its own
+(its peak resident memory is its own). What it reports per group, against the config's ``train_resources``:
+
+- ran, or the error (last line);
+- measured: peak host memory (RSS), on CUDA peak GPU memory, seconds per local step, checkpoint size;
+- projected to the paper's numbers: the data set on the device at its real size (train and test images as
+  floats, sim/tensors.py), state kept per client (SCAFFOLD's control variates, CA2FL's cache: a method's
+  ``state_bytes_per_client``) for every client, activations at the real batch when the preflight ran a
+  smaller one, and the job's hours (steps x measured seconds per step; on a CPU preflight the GPU hours come
+  from ``fedrepro.cost``'s FLOP model instead, and say so);
+- the jobs of the group that would exceed mem_mb or runtime, by name.
+
+Shortcuts taken, so a whole config fits minutes on a laptop (each one stated in the table's header): two
+rounds, every update on time (async delays 0, so the server's merge and search run), the in-domain server set
+and the out-of-domain set at two chunks, and a batch cut to ``--max-batch-flops`` per step (activations are
+then projected linearly from the bytes autograd saves per sample, which is what scales with the batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import resource
+import tempfile
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedrepro.config import (
+    REPO,
+    grid_runs,
+    job_resources,
+    merge_configfiles,
+    resolve_config,
+    run_spec,
+    transfer_runs,
+)
+
+PREFLIGHT_ROUNDS = 2
+SERVER_SAMPLES = 64  # the in-domain server set and the OOD set of the preflight: two chunks of 32
+MIB = 1 << 20
+
+
+@dataclass
+class Job:
+    """One train job: its name (study/setting/method), run spec and number of seeds."""
+
+    name: str
+    spec: dict
+    seeds: int
+    resources: dict  # train_resources with the study's overrides (config.job_resources)
+
+
+@dataclass
+class Group:
+    """Jobs of one shape; the first one's spec is the one the preflight runs."""
+
+    key: str
+    jobs: list[Job] = field(default_factory=list)
+    finetune: dict | None = None  # the first transfer job's fine-tuning spec (FedGTST)
+
+    @property
+    def spec(self) -> dict:
+        return self.jobs[0].spec
+
+
+def model_input(spec: dict) -> tuple[tuple[int, ...], int]:
+    """(input shape as the model sees it, classes) of a run spec: the setting's resizing and channels applied."""
+    _, raw, classes = data_shape(spec["dataset"])
+    if len(raw) == 3:
+        side = spec.get("image_size")
+        return (side or raw[0], side or raw[1], spec.get("channels") or raw[2]), classes
+    return raw, classes
+
+
+def shape_key(spec: dict) -> str:
+    """What decides a job's memory and time per step: federation, method and its switches, model, input shape,
+    classes, clients, batch and server data. Not the data set's size (projected per job), nor the numbers a
+    method is tuned with or the schedule (rounds, rates, delays, participation), which change neither the
+    tensors nor the cost of a step."""
+    switches = {k: v for k, v in spec["hparams"].items() if isinstance(v, (bool, str)) or v is None}
+    asyn = {k: v for k, v in spec.get("async", {}).items() if k in ("ood_dataset", "true_update")}
+    key = [spec["federation"], spec["algorithm"], spec["model"], *model_input(spec),
+           spec["partition"]["clients"], spec["training"]["batch_size"], switches, asyn]
+    return json.dumps(key, sort_keys=True, default=str)
+
+
+def job_groups(config: dict) -> list[Group]:
+    """Every train job of ``config`` in groups of one shape, in study and grid order."""
+    from fedrepro.config import finetune_spec
+
+    groups: dict[str, Group] = {}
+    for name, study in config["studies"].items():
+        transfers = set(transfer_runs(study))
+        for setting, method in grid_runs(study):
+            spec = run_spec(study, setting, method)
+            key = shape_key(spec)
+            group = groups.setdefault(key, Group(key))
+            group.jobs.append(Job(f"{name}/{setting}/{method}", spec, len(study["seeds"]),
+                                  job_resources(config["train_resources"], study, setting, method)))
+            if (setting, method) in transfers and group.finetune is None:
+                group.finetune = finetune_spec(study, setting, method)
+    return list(groups.values())
+
+
+def sample_groups(groups: list[Group], n: int) -> list[Group]:
+    """At most ``n`` groups covering every federation and model first, then every data set."""
+    picked: list[Group] = []
+    for facet in (lambda g: (g.spec["federation"], g.spec["model"]), lambda g: g.spec["dataset"],
+                  lambda g: g.spec["algorithm"]):
+        seen = {facet(g) for g in picked}
+        for g in groups:
+            if len(picked) >= n:
+                return picked
+            if facet(g) not in seen and g not in picked:
+                picked.append(g)
+                seen.add(facet(g))
+    return picked
+
+
+# ----- synthetic data of the real shapes
+def data_shape(dataset: str) -> tuple[int, tuple[int, ...], int]:
+    """(training samples, sample shape, classes) of ``dataset`` as the paper uses it (fedrepro.cost)."""
+    from fedrepro.cost import DATASETS
+
+    if dataset == "imagenet_subset":
+        from fedrepro.data.imagenet_subset import SIDE
+
+        return 250_000, (SIDE, SIDE, 3), 1000
+    if dataset not in DATASETS:
+        raise ValueError(f"preflight: no shape known for data set {dataset!r}; add it to fedrepro.cost.DATASETS")
+    return DATASETS[dataset]
+
+
+def write_synthetic(path: Path, dataset: str, x_rows: int, labels: np.ndarray, test_rows: int,
+                    groups: np.ndarray | None = None) -> dict:
+    """A prepared .npz of ``x_rows`` random samples of ``dataset``'s shape with ``labels`` (train) and
+    ``test_rows`` test samples (every class at least once)."""
+    from fedrepro.data.format import save_prepared
+
+    _, shape, classes = data_shape(dataset)
+    rng = np.random.default_rng(0)
+    text = len(shape) == 1
+    vocab = 30_000
+    meta = {"name": dataset, "num_classes": classes, "classes": [str(c) for c in range(classes)],
+            "shape": list(shape), "source": "synthetic (preflight)",
+            **({"kind": "text", "vocab_size": vocab} if text else {})}
+
+    def x(n: int) -> np.ndarray:
+        if text:
+            return rng.integers(0, vocab, (n, *shape), dtype=np.int32)
+        return rng.integers(0, 256, (n, *shape), dtype=np.uint8)
+
+    y_test = np.arange(max(test_rows, classes)) % classes
+    extras = {"groups_train": groups} if groups is not None else None
+    return save_prepared(path, x(len(labels)), labels, x(len(y_test)), y_test, meta, extras)
+
+
+def synthetic_inputs(spec: dict, seed: int, workdir: Path) -> tuple[Path, Path]:
+    """(prepared data, partition) for one preflight run: the partition is drawn with the real spec over the
+    real number of samples (labels only), then each client keeps about one batch of its samples, and the data
+    set holds just those samples, re-indexed."""
+    from fedrepro.partition import make_partition, partition_stats, save_partition
+
+    n, _, classes = data_shape(spec["dataset"])
+    part = dict(spec["partition"])
+    part.pop("samples", None)
+    rng = np.random.default_rng(seed)
+    labels = rng.permutation(np.arange(n) % classes)
+    groups = None
+    meta: dict[str, Any] = {"name": spec["dataset"]}
+    if part["kind"] == "writer":  # writers of ~n / clients samples each, a few more writers than clients
+        groups = np.arange(n) % (part["clients"] * 2)
+    if part["kind"] == "domain":  # equal domains, one per client
+        meta["domain_sizes_train"] = [n // part["clients"]] * part["clients"]
+        labels = labels[: sum(meta["domain_sizes_train"])]
+    parts = make_partition(labels, part, seed, meta, groups=groups)
+    hetero = spec["federation"] == "hetero"
+    # hetero clients keep 75% of their samples for training (and FedL2G a quiz batch of those)
+    keep = spec["training"]["batch_size"] * (2 if hetero else 1) + 1
+    kept = [p[:keep] for p in parts]
+    rows = np.concatenate(kept)
+    remap = np.full(len(labels), -1, dtype=np.int64)
+    remap[rows] = np.arange(len(rows))
+    small = [remap[p] for p in kept]
+    data = workdir / f"{spec['dataset']}.npz"
+    write_synthetic(data, spec["dataset"], len(rows), labels[rows], test_rows=SERVER_SAMPLES * 2,
+                    groups=None if groups is None else groups[rows])
+    partition = workdir / "partition.npz"
+    save_partition(partition, small, partition_stats(small, labels[rows], classes), spec["partition"])
+    return data, partition
+
+
+def preflight_spec(spec: dict, max_batch: int | None) -> dict:
+    """The run spec a preflight trains: two rounds, one local epoch, every round evaluated, a checkpoint,
+    updates on time and server sets of two chunks; the batch cut to ``max_batch`` if given."""
+    training = {**spec["training"], "rounds": PREFLIGHT_ROUNDS, "local_epochs": 1, "eval_every": 1,
+                "checkpoint_every": PREFLIGHT_ROUNDS, "early_stop": 0}
+    if spec["training"].get("straggler_steps"):
+        training["straggler_steps"] = [1, 2]
+    if max_batch:
+        training["batch_size"] = min(training["batch_size"], max_batch)
+    out = {**spec, "training": training, "study": "preflight"}
+    if "async" in spec:
+        out["async"] = {**spec["async"], "delay_sigma": 0, "server_samples": SERVER_SAMPLES,
+                        **({"ood_samples": SERVER_SAMPLES} if spec["async"].get("ood_dataset") else {})}
+    return out
+
+
+# ----- measuring one group in a process of its own
+def saved_bytes_per_sample(spec: dict) -> float:
+    """Bytes autograd keeps for the backward pass per sample of one forward (what grows with the batch),
+    measured on the setting's model at batch 2 with saved_tensors_hooks."""
+    import torch
+
+    from fedrepro.models import TEXT_MODELS
+
+    model, shape = build_spec_model(spec)
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    x = (torch.zeros(2, shape[0], dtype=torch.long) if spec["model"] in TEXT_MODELS
+         else torch.zeros(2, shape[2], shape[0], shape[1]))
+    params = sum(p.untyped_storage().nbytes() for p in model.parameters())
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x).sum()
+    ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    activations = sum(b for ptr, b in seen.items() if ptr not in ptrs)
+    del params
+    return activations / 2
+
+
+def build_spec_model(spec: dict):
+    """The setting's model (for a model group, its largest member) and its input shape."""
+    from fedrepro.models import build_model
+
+    shape, classes = model_input(spec)
+    if spec["federation"] == "hetero":
+        from fedrepro.models.groups import build_arch, group_members
+
+        models = [build_arch(m, shape, classes) for m in set(group_members(spec["model"]))]
+        return max(models, key=lambda m: sum(p.numel() for p in m.parameters())), shape
+    kwargs = {"vocab_size": 30_000} if len(shape) == 1 else {}
+    return build_model(spec["model"], shape, classes, **kwargs), shape
+
+
+def state_bytes_per_client(spec: dict, params: int) -> int:
+    """Bytes a method keeps per client between rounds (declared by the method class; 0 if it keeps none)."""
+    from fedrepro.federations import methods_of
+
+    method = methods_of(spec["federation"])[spec["algorithm"]](**spec["hparams"])
+    declared = getattr(method, "state_bytes_per_client", None)
+    return int(declared(params)) if callable(declared) else 0
+
+
+def run_group(group: Group, device: str, max_batch_flops: float, workdir: Path) -> dict:
+    """Run one group's preflight in this process (a forked child) and return its measurements."""
+    import torch
+
+    from fedrepro import pipeline
+    from fedrepro.cost import step_flops
+    from fedrepro.sim.checkpoint import job_footprint
+
+    torch.set_num_threads(1)
+    spec = group.spec
+    real_batch = spec["training"]["batch_size"]
+    model, shape = build_spec_model(spec)
+    params = sum(p.numel() for p in model.parameters())
+    # per sample, from a batch of 2 (BatchNorm in train mode needs more than one)
+    flops = step_flops(spec["model"], shape, data_shape(spec["dataset"])[2], 2,
+                       group_of=spec["partition"]["clients"] if spec["federation"] == "hetero" else 0) / 2
+    batch = max(1, min(real_batch, int(max_batch_flops // max(flops, 1.0))))
+    run = preflight_spec(spec, batch if batch < real_batch else None)
+    data, partition = synthetic_inputs(run, 0, workdir)
+    if run.get("async", {}).get("ood_dataset"):
+        ood = run["async"]["ood_dataset"]
+        labels = np.arange(SERVER_SAMPLES) % data_shape(ood)[2]
+        write_synthetic(workdir / f"{ood}.npz", ood, SERVER_SAMPLES, labels, test_rows=2)
+    index = workdir / "runs" / "seeds.json"
+    ckpt = workdir / "checkpoints"
+    lines: list[str] = []
+    cuda = device != "cpu" and torch.cuda.is_available()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    pipeline.train(run, data, [partition], [0], index, ckpt, device, 1, lines.append,
+                   keep_model=group.finetune is not None)
+    train_s = time.perf_counter() - t0
+    disk = job_footprint(ckpt, {0: index.parent / "seed0"})
+    finetune_s = None
+    if group.finetune is not None:
+        ft = {**group.finetune, "finetune": {**group.finetune["finetune"], "epochs": 1,
+                                            "max_train_samples": 2 * group.finetune["finetune"]["batch_size"]}}
+        target = workdir / f"{ft['target']}.npz"
+        n_t = 4 * ft["finetune"]["batch_size"]
+        write_synthetic(target, ft["target"], n_t, np.arange(n_t) % data_shape(ft["target"])[2], test_rows=64)
+        t1 = time.perf_counter()
+        pipeline.finetune(ft, index, data, target, ckpt, workdir / "finetune" / "seeds.json", device, 1,
+                          lines.append)
+        finetune_s = time.perf_counter() - t1
+    summary = json.loads((workdir / "runs" / "seed0" / "summary.json").read_text())
+    return {
+        "status": summary["status"], "batch": batch, "params": params, "flops_per_sample": flops,
+        "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_gpu": torch.cuda.max_memory_allocated() if cuda else None,
+        "train_s": train_s, "finetune_s": finetune_s, "checkpoint_bytes": disk.checkpoint_bytes,
+        "kept_bytes": disk.kept_bytes,
+        "act_per_sample": saved_bytes_per_sample(spec),
+        "state_per_client": state_bytes_per_client(spec, params),
+        "steps": preflight_steps(run),
+    }
+
+
+def preflight_steps(run: dict) -> int:
+    """Local steps the preflight run takes: each sampled client one batch per round (plus every client in
+    an evaluation round with Feddle's true update)."""
+    clients = run["partition"]["clients"]
+    sampled = max(1, round(run["training"]["join_ratio"] * clients))
+    steps = PREFLIGHT_ROUNDS * sampled
+    if run.get("async", {}).get("true_update"):
+        steps += PREFLIGHT_ROUNDS * clients
+    return steps
+
+
+def _child(group: Group, device: str, max_batch_flops: float, conn) -> None:
+    try:
+        with tempfile.TemporaryDirectory(prefix="preflight-") as tmp:
+            conn.send({"ok": True, **run_group(group, device, max_batch_flops, Path(tmp))})
+    except BaseException as e:  # noqa: BLE001 (every failure is a row of the table)
+        tb = traceback.format_exc(limit=-3)
+        conn.send({"ok": False, "error": f"{type(e).__name__}: {e}".splitlines()[0][:300], "traceback": tb})
+    finally:
+        conn.close()
+
+
+def measure(group: Group, device: str, max_batch_flops: float, timeout: float) -> dict:
+    """``run_group`` in a forked process (its own peak RSS; a crash or the OOM killer is a row, not the end)."""
+    ctx = mp.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(group, device, max_batch_flops, send))
+    proc.start()
+    send.close()
+    got = recv.recv() if recv.poll(timeout) else None
+    proc.join(5)
+    if proc.is_alive():
+        proc.kill()
+    if got is None:
+        return {"ok": False, "error": f"no result in {timeout:.0f} s (exit code {proc.exitcode}; killed for "
+                                      f"memory if -9)"}
+    return got
+
+
+# ----- projection to the paper's numbers
+def project(job: Job, m: dict, on_cpu: bool, gpu_mem_gb: float, gpu_tflops: float, step_floor_ms: float) -> dict:
+    """Paper-scale memory, disk and hours of one job from its group's measurements ``m``, and what of its
+    resources it would exceed.
+
+    Device memory: the data set on the device at its real size (its peak while moving there), every client's
+    kept state, the model with its gradient, optimiser state and the global copy (4 x the parameters), and
+    the activations of the real batch; on CUDA the measured peak replaces the last two. Host memory: the
+    measured peak plus the prepared uint8 arrays at their real size (twice: loaded, then copied for pooled
+    or subset splits), plus the device's share when the job runs on the CPU. Disk: the measured checkpoint
+    plus the state of the clients the two preflight rounds did not reach; kept per finished job, the
+    measured files of a finished seed times the seeds."""
+    from fedrepro.cost import TEST_SIZES, run_steps
+    from fedrepro.sim.tensors import device_data_bytes
+
+    spec = job.spec
+    n, raw, _ = data_shape(spec["dataset"])
+    shape, _ = model_input(spec)
+    n_test = TEST_SIZES.get(spec["dataset"], 10_000)
+    peak = device_data_bytes(n, n_test, shape)[1] if len(shape) == 3 else (n + n_test) * (8 * shape[0] + 8)
+    raw_bytes = (n + n_test) * math.prod(raw) * (1 if len(raw) == 3 else 4)
+    state = m["state_per_client"] * spec["partition"]["clients"]
+    batch = spec["training"]["batch_size"]
+    measured_gpu = m["peak_gpu"] is not None
+    if measured_gpu:
+        device = m["peak_gpu"] + peak + state + max(0, batch - m["batch"]) * m["act_per_sample"]
+    else:
+        device = peak + state + 16 * m["params"] + batch * m["act_per_sample"]
+    host = m["peak_rss"] + 2 * raw_bytes + (device if on_cpu else 0)
+    steps = run_steps(spec) * job.seeds
+    s_per_step = m["train_s"] / max(m["steps"], 1)
+    if measured_gpu or on_cpu:
+        hours, basis = steps * s_per_step / 3600, "measured"
+    else:  # a CPU preflight of a GPU job: cost.py's model of one GPU step (FLOPs at a sustained throughput)
+        gpu_step = max(step_floor_ms / 1e3, 3 * m["flops_per_sample"] * batch / (gpu_tflops * 1e12))
+        hours, basis = steps * gpu_step / 3600, "cost model"
+    over, resources = [], job.resources
+    if host > resources["mem_mb"] * MIB:
+        over.append(f"host {host / MIB:,.0f} MB > mem_mb {resources['mem_mb']}")
+    if not on_cpu and device > gpu_mem_gb * (1 << 30):
+        over.append(f"GPU {device / (1 << 30):,.1f} GB > {gpu_mem_gb:g} GB")
+    if hours * 60 > resources["runtime"]:
+        over.append(f"{hours * 60:,.0f} min > runtime {resources['runtime']}")
+    return {"host_mb": host / MIB, "device_mb": device / MIB, "hours": hours, "basis": basis,
+            "checkpoint_mb": (m["checkpoint_bytes"] + state) / MIB, "data_mb": peak / MIB, "state_mb": state / MIB,
+            "kept_mb": m["kept_bytes"] * job.seeds / MIB, "over": over}
+
+
+def render(rows: list[tuple[Group, dict, list[dict]]], header: list[str]) -> str:
+    """The preflight table as Markdown: one row per group, its paper-scale columns the largest over its jobs."""
+    lines = [*header, "",
+             "| # | jobs | first job | federation / method | model | input | clients | batch (ran) | ran | host MB "
+             "(ran) | s/step | ckpt MB | state MB | data peak MB | host MB | GPU MB | h/job | kept MB/job | fits? |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for i, (g, m, ps) in enumerate(rows, 1):
+        s = g.spec
+        shape = "x".join(map(str, model_input(s)[0]))
+        head = (f"| {i} | {len(g.jobs)} | {g.jobs[0].name} | {s['federation']} / {s['algorithm']} | {s['model']} | "
+                f"{shape} | {s['partition']['clients']} | {s['training']['batch_size']} ")
+        if not m["ok"]:
+            lines.append(head + f"| - | **failed**: {m['error']} | | | | | | | | | | |")
+            continue
+
+        def top(k: str, ps: list[dict] = ps) -> float:
+            return max(p[k] for p in ps)
+
+        over = [f"{j.name}: {'; '.join(p['over'])}" for j, p in zip(g.jobs, ps, strict=True) if p["over"]]
+        gpu_basis = "measured" if m["peak_gpu"] is not None else "est."
+        lines.append(head + f"({m['batch']}) | {m['status']} | {m['peak_rss'] / MIB:,.0f} | "
+                     f"{m['train_s'] / max(m['steps'], 1):.3f} | {top('checkpoint_mb'):,.1f} | "
+                     f"{top('state_mb'):,.0f} | "
+                     f"{top('data_mb'):,.0f} | {top('host_mb'):,.0f} | {top('device_mb'):,.0f} ({gpu_basis}) | "
+                     f"{top('hours'):.2f} ({ps[0]['basis']}) | {top('kept_mb'):,.1f} | "
+                     f"{'<br>'.join(over) or 'fits'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configfile", nargs="+", default=[str(REPO / "config" / "paper.yaml")])
+    parser.add_argument("--sample", type=int, default=0, help="run only this many groups (every engine and model "
+                        "family first); 0: all")
+    parser.add_argument("--device", default=None, help="cpu, cuda or auto (default: the config's device)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="groups measured at once (one "
+                        "thread each; default: every core)")
+    parser.add_argument("--max-batch-flops", type=float, default=2e10,
+                        help="cut a step's batch to about this many forward FLOPs (activations then projected)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds one group may take")
+    parser.add_argument("--gpu-mem-gb", type=float, default=40.0, help="memory of the cluster's GPUs")
+    parser.add_argument("--gpu-tflops", type=float, default=60.0)
+    parser.add_argument("--step-floor-ms", type=float, default=1.5)
+    parser.add_argument("--out", default=None, help="also write the table here (Markdown)")
+    args = parser.parse_args(argv)
+    config = resolve_config(merge_configfiles(*args.configfile), source=" ".join(args.configfile))
+    device = args.device or config["device"]
+    groups = job_groups(config)
+    chosen = sample_groups(groups, args.sample) if args.sample else groups
+    resources = config["train_resources"]
+    on_cpu = device == "cpu"
+    header = [f"# Preflight of {' '.join(args.configfile)}", "",
+              f"{sum(len(g.jobs) for g in groups)} train jobs in {len(groups)} groups of one shape; {len(chosen)} "
+              f"run here on {device} ({args.jobs} at once, one thread each), {PREFLIGHT_ROUNDS} rounds each, on "
+              f"synthetic data of the real shapes, classes and client counts (about one batch per client), every "
+              f"update on time, server sets of {SERVER_SAMPLES}. train_resources: {resources} (studies may override "
+              f"mem_mb and runtime per setting or method); GPUs of "
+              f"{args.gpu_mem_gb:g} GB.",
+              "host/GPU MB and h/job are projected to the paper's data sizes, batches, clients and steps (see "
+              "`fedrepro.preflight`'s docstring); 'est.' and 'cost model' mark numbers not measured on a GPU."]
+    import torch  # noqa: F401 (imported once here, before the forks: each child would pay seconds for it)
+
+    import fedrepro.pipeline  # noqa: F401
+
+    t0 = time.perf_counter()
+    results: dict[int, dict] = {}
+    pending = list(enumerate(chosen))
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = {pool.submit(measure, g, device, args.max_batch_flops, args.timeout): i for i, g in pending}
+        for done, fut in enumerate(as_completed(futures), 1):
+            i = futures[fut]
+            results[i] = fut.result()
+            state = "ok" if results[i]["ok"] else f"FAILED: {results[i]['error']}"
+            print(f"[{done}/{len(chosen)}] {chosen[i].jobs[0].name} (+{len(chosen[i].jobs) - 1}): {state} "
+                  f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    rows = []
+    for i, g in enumerate(chosen):
+        m = results[i]
+        ps = ([project(j, m, on_cpu, args.gpu_mem_gb, args.gpu_tflops, args.step_floor_ms)
+               for j in g.jobs] if m["ok"] else [])
+        rows.append((g, m, ps))
+    table = render(rows, header)
+    failed = [g.jobs[0].name for g, m, _ in rows if not m["ok"]]
+    over = [j.name for g, _, ps in rows for j, p in zip(g.jobs, ps, strict=False) if p["over"]]
+    disk = sum(p["kept_mb"] for _, _, ps in rows for p in ps)
+    peak_disk = max((p["checkpoint_mb"] for _, _, ps in rows for p in ps), default=0)
+    ran = f"{len(rows) - len(failed)} of {len(rows)} groups ran{': failed ' + ', '.join(failed) if failed else ''}"
+    table += (f"\n{ran}; "
+              f"{len(over)} jobs would exceed their resources.\n\nDisk: {disk / 1024:,.1f} GB kept by the "
+              f"{sum(len(g.jobs) for g, _, _ in rows)} jobs of these groups when finished; the largest checkpoint "
+              f"while running {peak_disk:,.0f} MB. Wall time {time.perf_counter() - t0:.0f} s.\n")
+    print(table)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(table)
+    return 1 if failed or over else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,117 @@
+"""The preflight (fedrepro.preflight): every paper-scale job shape through the real train path, on synthetic
+data of the real shapes, before anyone spends GPU hours; a new study cannot break paper scale unnoticed."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedrepro import preflight
+from fedrepro.config import REPO, grid_runs, merge_configfiles, resolve_config
+from fedrepro.preflight import Group, Job, job_groups, measure, project, sample_groups, shape_key
+
+PAPER = resolve_config(merge_configfiles(REPO / "config" / "paper.yaml"), source="config/paper.yaml")
+GROUPS = job_groups(PAPER)
+
+
+def test_every_paper_job_is_in_exactly_one_group_of_its_shape():
+    names = [j.name for g in GROUPS for j in g.jobs]
+    expected = [f"{n}/{s}/{m}" for n, study in PAPER["studies"].items() for s, m in grid_runs(study)]
+    assert sorted(names) == sorted(expected)
+    assert len({g.key for g in GROUPS}) == len(GROUPS)
+    assert all(shape_key(j.spec) == g.key for g in GROUPS for j in g.jobs)
+    # the groups that FedGTST fine-tunes carry the fine-tuning spec, and only those
+    transfers = {f"fedgtst/{s}/{m}" for s, m in grid_runs(PAPER["studies"]["fedgtst"])}
+    assert all((g.finetune is not None) == (g.jobs[0].name in transfers) for g in GROUPS)
+
+
+def test_a_sample_covers_every_engine_and_model_first():
+    families = {(g.spec["federation"], g.spec["model"]) for g in GROUPS}
+    picked = sample_groups(GROUPS, len(families))
+    assert {(g.spec["federation"], g.spec["model"]) for g in picked} == families
+
+
+# the smallest model of each engine first: the suite runs these; `make preflight` runs every group
+SMALL_FIRST = ("lenet5", "cnn3", "simple_cnn", "textcnn", "HtFE2", "HtFE4", "HtFE3")
+
+
+def _cheapest_per_engine() -> list[Group]:
+    """For each engine, a group of its smallest model with the fewest clients; then FedGTST's transfer group
+    (pre-training, then fine-tuning), Feddle with its server data out of domain, and the methods whose memory
+    issue #22 fixed: FedL2G's feedback JVP and CA2FL's per-client cache."""
+    def cost(g: Group) -> tuple:
+        model = g.spec["model"]
+        return (SMALL_FIRST.index(model) if model in SMALL_FIRST else len(SMALL_FIRST),
+                g.spec["partition"]["clients"], g.spec["training"]["batch_size"])
+
+    picked = {}
+    for g in GROUPS:
+        fed = g.spec["federation"]
+        if fed not in picked or cost(g) < cost(picked[fed]):
+            picked[fed] = g
+    picked["finetune"] = min((g for g in GROUPS if g.finetune), key=cost)
+    picked["ood"] = min((g for g in GROUPS if g.spec.get("async", {}).get("ood_dataset")
+                         and g.spec["algorithm"] == "feddle"), key=cost)
+    for method in ("fedl2g_f", "ca2fl"):
+        picked[method] = min((g for g in GROUPS if g.spec["algorithm"] == method), key=cost)
+    return list({g.key: g for g in picked.values()}.values())
+
+
+@pytest.mark.parametrize("group", _cheapest_per_engine(), ids=lambda g: g.jobs[0].name)
+def test_a_paper_group_runs_its_real_path_and_reports_what_it_measured(group):
+    m = measure(group, "cpu", max_batch_flops=2e8, timeout=300)
+    assert m["ok"], m.get("traceback", m["error"])
+    assert m["status"] == "complete"
+    assert m["peak_rss"] > 0 and m["train_s"] > 0 and m["steps"] > 0
+    assert m["checkpoint_bytes"] >= 4 * m["params"]  # at least the model itself was checkpointed
+    assert (m["finetune_s"] is not None) == (group.finetune is not None)
+    p = project(group.jobs[0], m, False, 40, 60, 1.5)
+    assert p["host_mb"] > m["peak_rss"] / 2**20 and p["device_mb"] > 0 and p["hours"] > 0
+
+
+def _measurement(**overrides) -> dict:
+    return {"ok": True, "status": "complete", "batch": 32, "params": 1_000_000, "flops_per_sample": 1e9,
+            "peak_rss": 2 << 30, "peak_gpu": None, "train_s": 10.0, "finetune_s": None, "checkpoint_bytes": 4 << 20,
+            "kept_bytes": 1 << 20, "act_per_sample": 1 << 20, "state_per_client": 0, "steps": 10, **overrides}
+
+
+def _job(clients: int, batch: int = 32, mem_mb: int = 10**6, runtime: int = 10**6) -> Job:
+    group = next(g for g in GROUPS if g.spec["algorithm"] == "ca2fl")
+    spec = {**group.spec, "partition": {**group.spec["partition"], "clients": clients},
+            "training": {**group.spec["training"], "batch_size": batch}}
+    return Job("feddle/x/ca2fl", spec, 3, {"gpu": 1, "threads": 4, "mem_mb": mem_mb, "runtime": runtime})
+
+
+def test_state_kept_per_client_is_projected_to_every_client_and_named_over_budget():
+    few, many = (project(_job(c, mem_mb=16000), _measurement(state_per_client=45 << 20), True, 40, 60, 1.5)
+                 for c in (10, 1000))
+    assert many["state_mb"] == pytest.approx(1000 * 45) and few["state_mb"] == pytest.approx(10 * 45)
+    assert many["host_mb"] - few["host_mb"] == pytest.approx(990 * 45)
+    assert not few["over"] and many["over"] and "mem_mb 16000" in many["over"][0]
+
+
+def test_activations_of_the_real_batch_are_added_when_a_smaller_one_ran():
+    def device_mb(ran: int) -> float:
+        return project(_job(10, batch=64), _measurement(batch=ran, peak_gpu=1 << 30), False, 40, 60, 1.5)["device_mb"]
+
+    assert device_mb(4) - device_mb(64) == pytest.approx(60)  # 60 more samples of 1 MB each
+
+
+def test_a_job_over_its_runtime_is_named():
+    job = _job(10, runtime=1)
+    p = project(job, _measurement(), False, 40, 60, 1.5)
+    assert any("runtime 1" in o for o in p["over"])
+    table = preflight.render([(Group(shape_key(job.spec), [job]), _measurement(), [p])], ["# t"])
+    assert "feddle/x/ca2fl: " in table and "runtime 1" in table
+
+
+def test_a_failing_group_is_a_row_with_its_error(monkeypatch):
+    import fedrepro.pipeline
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(fedrepro.pipeline, "train", broken)  # the forked child sees the patched module
+    group = _cheapest_per_engine()[0]
+    m = measure(group, "cpu", max_batch_flops=2e8, timeout=120)
+    assert not m["ok"] and "CUDA out of memory (simulated)" in m["error"]
+    assert "**failed**: RuntimeError: CUDA out of memory (simulated)" in preflight.render([(group, m, [])], ["# t"])
