@@ -58,7 +58,7 @@ def _cheapest_per_engine() -> list[Group]:
 
 @pytest.mark.parametrize("group", _cheapest_per_engine(), ids=lambda g: g.jobs[0].name)
 def test_a_paper_group_runs_its_real_path_and_reports_what_it_measured(group):
-    m = measure(group, "cpu", max_batch_flops=2e8, timeout=300)
+    m = measure(group, "cpu", max_batch_flops=2e8, timeout=300, max_clients=4)
     assert m["ok"], m.get("traceback", m["error"])
     assert m["status"] == "complete"
     assert m["peak_rss"] > 0 and m["train_s"] > 0 and m["steps"] > 0
@@ -112,6 +112,6 @@ def test_a_failing_group_is_a_row_with_its_error(monkeypatch):
 
     monkeypatch.setattr(fedrepro.pipeline, "train", broken)  # the forked child sees the patched module
     group = _cheapest_per_engine()[0]
-    m = measure(group, "cpu", max_batch_flops=2e8, timeout=120)
+    m = measure(group, "cpu", max_batch_flops=2e8, timeout=120, max_clients=4)
     assert not m["ok"] and "CUDA out of memory (simulated)" in m["error"]
     assert "**failed**: RuntimeError: CUDA out of memory (simulated)" in preflight.render([(group, m, [])], ["# t"])

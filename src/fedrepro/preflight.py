@@ -51,6 +51,7 @@ from fedrepro.config import (
     run_spec,
     transfer_runs,
 )
+from fedrepro.io import atomic_write_json
 
 PREFLIGHT_ROUNDS = 2
 SERVER_SAMPLES = 64  # the in-domain server set and the OOD set of the preflight: two chunks of 32
@@ -139,10 +140,6 @@ def data_shape(dataset: str) -> tuple[int, tuple[int, ...], int]:
     """(training samples, sample shape, classes) of ``dataset`` as the paper uses it (fedrepro.cost)."""
     from fedrepro.cost import DATASETS
 
-    if dataset == "imagenet_subset":
-        from fedrepro.data.imagenet_subset import SIDE
-
-        return 250_000, (SIDE, SIDE, 3), 1000
     if dataset not in DATASETS:
         raise ValueError(f"preflight: no shape known for data set {dataset!r}; add it to fedrepro.cost.DATASETS")
     return DATASETS[dataset]
@@ -192,8 +189,9 @@ def synthetic_inputs(spec: dict, seed: int, workdir: Path) -> tuple[Path, Path]:
         labels = labels[: sum(meta["domain_sizes_train"])]
     parts = make_partition(labels, part, seed, meta, groups=groups)
     hetero = spec["federation"] == "hetero"
-    # hetero clients keep 75% of their samples for training (and FedL2G a quiz batch of those)
-    keep = spec["training"]["batch_size"] * (2 if hetero else 1) + 1
+    # one local step each; hetero clients keep 75% of their samples for training and FedL2G a quiz set of up
+    # to half of those, so they get four batches (a quiz or study batch of one sample would trip BatchNorm)
+    keep = spec["training"]["batch_size"] * (4 if hetero else 1)
     kept = [p[:keep] for p in parts]
     rows = np.concatenate(kept)
     remap = np.full(len(labels), -1, dtype=np.int64)
@@ -207,11 +205,16 @@ def synthetic_inputs(spec: dict, seed: int, workdir: Path) -> tuple[Path, Path]:
     return data, partition
 
 
-def preflight_spec(spec: dict, max_batch: int | None) -> dict:
+def preflight_spec(spec: dict, max_batch: int | None, max_clients: int | None = None) -> dict:
     """The run spec a preflight trains: two rounds, one local epoch, every round evaluated, a checkpoint,
-    updates on time and server sets of two chunks; the batch cut to ``max_batch`` if given."""
+    updates on time and server sets of two chunks; the batch cut to ``max_batch`` and the clients a round
+    trains to ``max_clients`` if given (every client still exists, with its data and any per-client model)."""
+    clients = spec["partition"]["clients"]
+    join = spec["training"]["join_ratio"]
+    if max_clients and round(join * clients) > max_clients:
+        join = max_clients / clients
     training = {**spec["training"], "rounds": PREFLIGHT_ROUNDS, "local_epochs": 1, "eval_every": 1,
-                "checkpoint_every": PREFLIGHT_ROUNDS, "early_stop": 0}
+                "checkpoint_every": PREFLIGHT_ROUNDS, "early_stop": 0, "join_ratio": join}
     if spec["training"].get("straggler_steps"):
         training["straggler_steps"] = [1, 2]
     if max_batch:
@@ -272,7 +275,7 @@ def state_bytes_per_client(spec: dict, params: int) -> int:
     return int(declared(params)) if callable(declared) else 0
 
 
-def run_group(group: Group, device: str, max_batch_flops: float, workdir: Path) -> dict:
+def run_group(group: Group, device: str, max_batch_flops: float, workdir: Path, max_clients: int | None = None) -> dict:
     """Run one group's preflight in this process (a forked child) and return its measurements."""
     import torch
 
@@ -288,8 +291,9 @@ def run_group(group: Group, device: str, max_batch_flops: float, workdir: Path) 
     # per sample, from a batch of 2 (BatchNorm in train mode needs more than one)
     flops = step_flops(spec["model"], shape, data_shape(spec["dataset"])[2], 2,
                        group_of=spec["partition"]["clients"] if spec["federation"] == "hetero" else 0) / 2
-    batch = max(1, min(real_batch, int(max_batch_flops // max(flops, 1.0))))
-    run = preflight_spec(spec, batch if batch < real_batch else None)
+    # at least 2: BatchNorm in train mode refuses a batch of one where a feature map is 1x1
+    batch = real_batch if math.isinf(max_batch_flops) else min(real_batch, max(2, int(max_batch_flops // flops)))
+    run = preflight_spec(spec, batch if batch < real_batch else None, max_clients)
     data, partition = synthetic_inputs(run, 0, workdir)
     if run.get("async", {}).get("ood_dataset"):
         ood = run["async"]["ood_dataset"]
@@ -341,10 +345,16 @@ def preflight_steps(run: dict) -> int:
     return steps
 
 
-def _child(group: Group, device: str, max_batch_flops: float, conn) -> None:
+def torch_cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _child(group: Group, device: str, max_batch_flops: float, max_clients: int | None, conn) -> None:
     try:
         with tempfile.TemporaryDirectory(prefix="preflight-") as tmp:
-            conn.send({"ok": True, **run_group(group, device, max_batch_flops, Path(tmp))})
+            conn.send({"ok": True, **run_group(group, device, max_batch_flops, Path(tmp), max_clients)})
     except BaseException as e:  # noqa: BLE001 (every failure is a row of the table)
         tb = traceback.format_exc(limit=-3)
         conn.send({"ok": False, "error": f"{type(e).__name__}: {e}".splitlines()[0][:300], "traceback": tb})
@@ -352,11 +362,11 @@ def _child(group: Group, device: str, max_batch_flops: float, conn) -> None:
         conn.close()
 
 
-def measure(group: Group, device: str, max_batch_flops: float, timeout: float) -> dict:
+def measure(group: Group, device: str, max_batch_flops: float, timeout: float, max_clients: int | None = None) -> dict:
     """``run_group`` in a forked process (its own peak RSS; a crash or the OOM killer is a row, not the end)."""
     ctx = mp.get_context("fork")
     recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(group, device, max_batch_flops, send))
+    proc = ctx.Process(target=_child, args=(group, device, max_batch_flops, max_clients, send))
     proc.start()
     send.close()
     got = recv.recv() if recv.poll(timeout) else None
@@ -381,7 +391,7 @@ def project(job: Job, m: dict, on_cpu: bool, gpu_mem_gb: float, gpu_tflops: floa
     or subset splits), plus the device's share when the job runs on the CPU. Disk: the measured checkpoint
     plus the state of the clients the two preflight rounds did not reach; kept per finished job, the
     measured files of a finished seed times the seeds."""
-    from fedrepro.cost import TEST_SIZES, run_steps
+    from fedrepro.cost import TEST_SIZES, run_steps, server_cost, server_passes
     from fedrepro.sim.tensors import device_data_bytes
 
     spec = job.spec
@@ -403,8 +413,12 @@ def project(job: Job, m: dict, on_cpu: bool, gpu_mem_gb: float, gpu_tflops: floa
     if measured_gpu or on_cpu:
         hours, basis = steps * s_per_step / 3600, "measured"
     else:  # a CPU preflight of a GPU job: cost.py's model of one GPU step (FLOPs at a sustained throughput)
-        gpu_step = max(step_floor_ms / 1e3, 3 * m["flops_per_sample"] * batch / (gpu_tflops * 1e12))
+        gpu_step = max(step_floor_ms / 1e3, m["flops_per_sample"] * batch / (gpu_tflops * 1e12))
         hours, basis = steps * gpu_step / 3600, "cost model"
+    # the server's passes over its own data (Feddle's search, FedDF's distillation, ...): cost.py's model,
+    # whatever device measured the clients (the preflight runs them on 64 samples, not the real sets)
+    sample = {True: m["flops_per_sample"], False: m["flops_per_sample"] / 3}  # a backward costs ~2 forwards
+    hours += server_cost(server_passes(spec), sample, gpu_tflops, step_floor_ms)[1] * job.seeds / 3600
     over, resources = [], job.resources
     if host > resources["mem_mb"] * MIB:
         over.append(f"host {host / MIB:,.0f} MB > mem_mb {resources['mem_mb']}")
@@ -454,16 +468,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=None, help="cpu, cuda or auto (default: the config's device)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="groups measured at once (one "
                         "thread each; default: every core)")
-    parser.add_argument("--max-batch-flops", type=float, default=2e10,
-                        help="cut a step's batch to about this many forward FLOPs (activations then projected)")
+    parser.add_argument("--max-batch-flops", type=float, default=None,
+                        help="cut a step's batch to about this many forward FLOPs, its activations then projected "
+                        "(default: 2e9 on a CPU, no cut on CUDA, where the real batch's peak is measured)")
+    parser.add_argument("--max-clients", type=int, default=None,
+                        help="train at most this many clients a round, the state of every client still projected "
+                        "(default: 4 on a CPU, all on CUDA, where clients side by side are measured)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds one group may take")
     parser.add_argument("--gpu-mem-gb", type=float, default=40.0, help="memory of the cluster's GPUs")
     parser.add_argument("--gpu-tflops", type=float, default=60.0)
     parser.add_argument("--step-floor-ms", type=float, default=1.5)
     parser.add_argument("--out", default=None, help="also write the table here (Markdown)")
+    parser.add_argument("--measurements", default=None, help="a JSON file of measurements by group: groups found "
+                        "there are not run again, and every new one is added (projections change without a rerun)")
     args = parser.parse_args(argv)
     config = resolve_config(merge_configfiles(*args.configfile), source=" ".join(args.configfile))
     device = args.device or config["device"]
+    cuda = device == "cuda" or (device == "auto" and torch_cuda_available())
+    max_batch_flops = args.max_batch_flops or (float("inf") if cuda else 2e9)
+    max_clients = args.max_clients or (None if cuda else 4)
     groups = job_groups(config)
     chosen = sample_groups(groups, args.sample) if args.sample else groups
     resources = config["train_resources"]
@@ -471,9 +494,10 @@ def main(argv: list[str] | None = None) -> int:
     header = [f"# Preflight of {' '.join(args.configfile)}", "",
               f"{sum(len(g.jobs) for g in groups)} train jobs in {len(groups)} groups of one shape; {len(chosen)} "
               f"run here on {device} ({args.jobs} at once, one thread each), {PREFLIGHT_ROUNDS} rounds each, on "
-              f"synthetic data of the real shapes, classes and client counts (about one batch per client), every "
-              f"update on time, server sets of {SERVER_SAMPLES}. train_resources: {resources} (studies may override "
-              f"mem_mb and runtime per setting or method); GPUs of "
+              f"synthetic data of the real shapes, classes and client counts (one batch per client), every "
+              f"update on time, server sets of {SERVER_SAMPLES}; batches cut to {max_batch_flops:.3g} forward "
+              f"FLOPs and {max_clients or 'all'} clients trained a round. train_resources: {resources} (studies "
+              f"may override mem_mb and runtime per setting or method); GPUs of "
               f"{args.gpu_mem_gb:g} GB.",
               "host/GPU MB and h/job are projected to the paper's data sizes, batches, clients and steps (see "
               "`fedrepro.preflight`'s docstring); 'est.' and 'cost model' mark numbers not measured on a GPU."]
@@ -482,13 +506,18 @@ def main(argv: list[str] | None = None) -> int:
     import fedrepro.pipeline  # noqa: F401
 
     t0 = time.perf_counter()
-    results: dict[int, dict] = {}
-    pending = list(enumerate(chosen))
+    saved = Path(args.measurements) if args.measurements else None
+    known = json.loads(saved.read_text()) if saved and saved.exists() else {}
+    results: dict[int, dict] = {i: known[g.key] for i, g in enumerate(chosen) if g.key in known}
+    pending = [(i, g) for i, g in enumerate(chosen) if i not in results]
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = {pool.submit(measure, g, device, args.max_batch_flops, args.timeout): i for i, g in pending}
+        futures = {pool.submit(measure, g, device, max_batch_flops, args.timeout, max_clients): i for i, g in pending}
         for done, fut in enumerate(as_completed(futures), 1):
             i = futures[fut]
             results[i] = fut.result()
+            if saved and results[i]["ok"]:
+                known[chosen[i].key] = results[i]
+                atomic_write_json(saved, known)
             state = "ok" if results[i]["ok"] else f"FAILED: {results[i]['error']}"
             print(f"[{done}/{len(chosen)}] {chosen[i].jobs[0].name} (+{len(chosen[i].jobs) - 1}): {state} "
                   f"({time.perf_counter() - t0:.0f} s)", flush=True)
@@ -502,12 +531,14 @@ def main(argv: list[str] | None = None) -> int:
     failed = [g.jobs[0].name for g, m, _ in rows if not m["ok"]]
     over = [j.name for g, _, ps in rows for j, p in zip(g.jobs, ps, strict=False) if p["over"]]
     disk = sum(p["kept_mb"] for _, _, ps in rows for p in ps)
+    kept_checkpoints = sum(p["checkpoint_mb"] * j.seeds for g, _, ps in rows for j, p in zip(g.jobs, ps, strict=False))
+    with_checkpoints = (disk + kept_checkpoints) / 1024
     peak_disk = max((p["checkpoint_mb"] for _, _, ps in rows for p in ps), default=0)
     ran = f"{len(rows) - len(failed)} of {len(rows)} groups ran{': failed ' + ', '.join(failed) if failed else ''}"
-    table += (f"\n{ran}; "
-              f"{len(over)} jobs would exceed their resources.\n\nDisk: {disk / 1024:,.1f} GB kept by the "
-              f"{sum(len(g.jobs) for g, _, _ in rows)} jobs of these groups when finished; the largest checkpoint "
-              f"while running {peak_disk:,.0f} MB. Wall time {time.perf_counter() - t0:.0f} s.\n")
+    table += (f"\n{ran}; {len(over)} jobs would exceed their resources.\n\nDisk: {disk / 1024:,.1f} GB kept by the "
+              f"{sum(len(g.jobs) for g, _, _ in rows)} jobs of these groups when finished ({with_checkpoints:,.1f} "
+              f"GB with `keep_checkpoints: true`, every seed's last checkpoint kept); the largest "
+              f"checkpoint while running {peak_disk:,.0f} MB. Wall time {time.perf_counter() - t0:.0f} s.\n")
     print(table)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
