@@ -25,6 +25,23 @@ def digits_prepared(tmp_path_factory):
     return load_prepared(path)
 
 
+def digits_job_inputs(root: Path, partition: dict, seeds: tuple[int, ...]) -> tuple[Path, dict[int, Path]]:
+    """The prepared digits file in ``root`` and one partition file per seed of ``partition``: a train job's
+    inputs, as the pipeline writes them."""
+    from fedrepro.data.registry import prepare_dataset
+    from fedrepro.partition import make_partition, partition_stats, save_partition
+
+    data = root / "digits.npz"
+    prepare_dataset("digits", data)
+    labels = np.load(data)["y_train"]
+    paths = {}
+    for seed in seeds:
+        parts = make_partition(labels, partition, seed)
+        paths[seed] = root / f"seed{seed}.npz"
+        save_partition(paths[seed], parts, partition_stats(parts, labels, 10), partition)
+    return data, paths
+
+
 def digits_cut(prepared, n_train: int, n_test: int, image_size: int | None = None):
     """Digits as CPU tensors (at ``image_size``), cut to the first ``n_train`` train / ``n_test`` test samples."""
     import dataclasses

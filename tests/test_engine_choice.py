@@ -7,15 +7,12 @@ import dataclasses
 import json
 import math
 
-import numpy as np
 import pytest
 import torch
-from conftest import dirichlet_clients, history_rows
+from conftest import digits_job_inputs, dirichlet_clients, history_rows
 from test_vectorized import run_with
 
 from fedrepro.algorithms import build_algorithm
-from fedrepro.data.registry import prepare_dataset
-from fedrepro.partition import make_partition, partition_stats, save_partition
 from fedrepro.sim import engine_choice
 from fedrepro.sim.engine_choice import SEQUENTIAL, SIDE_BY_SIDE, EngineChoice, choose_engine, initial_choice
 from fedrepro.train import train_job
@@ -124,16 +121,7 @@ SPEC = {
 
 @pytest.fixture(scope="module")
 def job_inputs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("engine_job")
-    data = root / "digits.npz"
-    prepare_dataset("digits", data)
-    labels = np.load(data)["y_train"]
-    partitions = {}
-    for seed in (0, 1):
-        parts = make_partition(labels, SPEC["partition"], seed)
-        partitions[seed] = root / f"seed{seed}.npz"
-        save_partition(partitions[seed], parts, partition_stats(parts, labels, 10), SPEC["partition"])
-    return data, partitions
+    return digits_job_inputs(tmp_path_factory.mktemp("engine_job"), SPEC["partition"], (0, 1))
 
 
 def summaries(job_inputs, out, engine=None) -> list[dict]:

@@ -12,13 +12,11 @@ import textwrap
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import digits_job_inputs
 
-from fedrepro.data.registry import prepare_dataset
-from fedrepro.partition import make_partition, partition_stats, save_partition
 from fedrepro.train import train_job
 
 SPEC = {
@@ -32,14 +30,8 @@ SPEC = {
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("resume")
-    data = root / "digits.npz"
-    prepare_dataset("digits", data)
-    labels = np.load(data)["y_train"]
-    part = root / "seed0.npz"
-    parts = make_partition(labels, SPEC["partition"], 0)
-    save_partition(part, parts, partition_stats(parts, labels, 10), SPEC["partition"])
-    return data, part
+    data, parts = digits_job_inputs(tmp_path_factory.mktemp("resume"), SPEC["partition"], (0,))
+    return data, parts[0]
 
 
 def run_here(inputs, out: Path, log=lambda m: None):
