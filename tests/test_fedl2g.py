@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from conftest import dirichlet_clients
 from torch import nn
 from torch.func import functional_call
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
 from fedrepro import seeding
@@ -25,9 +26,22 @@ C, K = 5, 6
 CFG = HeteroConfig(rounds=3, batch_size=10, lr=0.05)
 
 
+class TinyAttention(nn.Module):
+    """The 8x8 image as 8 tokens of 8 through one transformer encoder layer (scaled dot-product attention, as
+    the ViTs of the HtM10 group), mean-pooled to K features."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True)
+        self.out = nn.Sequential(nn.Linear(8, K), nn.Tanh())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.layer(x.flatten(1, 2)).mean(1))
+
+
 def tiny_models() -> dict[str, SplitModel]:
-    """A conv net, an MLP with BatchNorm (train-mode statistics couple the batch's samples) and one with dropout
-    in the body (as GoogLeNet and MobileNetV2 keep before their feature pool)."""
+    """A conv net, an MLP with BatchNorm (train-mode statistics couple the batch's samples), one with dropout
+    in the body (as GoogLeNet and MobileNetV2 keep before their feature pool) and an attention body."""
     torch.manual_seed(0)
     bn_body = nn.Sequential(nn.Flatten(), nn.Linear(64, 12), nn.BatchNorm1d(12), nn.ReLU(), nn.Linear(12, K),
                             nn.Tanh())
@@ -35,13 +49,20 @@ def tiny_models() -> dict[str, SplitModel]:
                                  nn.Tanh(), nn.Dropout(0.2))
     return {"resnet_mini": build_arch("resnet_mini", (8, 8, 1), C, K).double(),
             "mlp_bn": SplitModel(bn_body, K, C).double(),
-            "mlp_dropout": SplitModel(dropout_body, K, C).double()}
+            "mlp_dropout": SplitModel(dropout_body, K, C).double(),
+            "attention": SplitModel(TinyAttention(), K, C).double()}
 
 
 def exact_feedback(model, guide, xs, ys, xq, yq, lr, space, mask_seed=0):
     """d CE(f(x_q; theta'), y_q) / d G through theta'(G) = theta - lr grad[CE + MSE] with create_graph: one
     forward pass over the study batch (dropout mask ``replayed_dropout(mask_seed)``), one over the quiz batch
-    (the global generator's next mask)."""
+    (the global generator's next mask). Attention through its math kernel: the fused ones have no second
+    derivative."""
+    with sdpa_kernel(SDPBackend.MATH):
+        return _exact_feedback(model, guide, xs, ys, xq, yq, lr, space, mask_seed)
+
+
+def _exact_feedback(model, guide, xs, ys, xq, yq, lr, space, mask_seed):
     params = {k: v.detach().clone().requires_grad_() for k, v in model.named_parameters()}
     buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
     guide = guide.clone().requires_grad_()
@@ -67,6 +88,7 @@ NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA devi
 
 @pytest.mark.parametrize("space", ["logit", "feature"])
 @pytest.mark.parametrize("arch,device", [("resnet_mini", "cpu"), ("mlp_bn", "cpu"), ("mlp_dropout", "cpu"),
+                                         ("attention", "cpu"),  # forward AD through scaled dot-product attention
                                          pytest.param("mlp_dropout", "cuda", marks=NO_CUDA)])  # CUDA's fused dropout
 def test_first_order_feedback_equals_the_exact_gradient_through_theta_prime(arch, device, space):
     model = tiny_models()[arch].to(device)

@@ -54,7 +54,7 @@ from fedrepro.config import (
 from fedrepro.io import atomic_write_json
 
 PREFLIGHT_ROUNDS = 2
-SERVER_SAMPLES = 64  # the in-domain server set and the OOD set of the preflight: two chunks of 32
+SERVER_SAMPLES = 64  # the in-domain server set and the OOD set of the preflight (two batches where the batch is cut)
 MIB = 1 << 20
 
 
@@ -221,8 +221,10 @@ def preflight_spec(spec: dict, max_batch: int | None, max_clients: int | None = 
         training["batch_size"] = min(training["batch_size"], max_batch)
     out = {**spec, "training": training, "study": "preflight"}
     if "async" in spec:
-        out["async"] = {**spec["async"], "delay_sigma": 0, "server_samples": SERVER_SAMPLES,
-                        **({"ood_samples": SERVER_SAMPLES} if spec["async"].get("ood_dataset") else {})}
+        # a server pass costs a client step per batch: with the batch cut, two of them (a ViT at 224 on a CPU)
+        server = SERVER_SAMPLES if not max_batch else min(SERVER_SAMPLES, max(4, 2 * training["batch_size"]))
+        out["async"] = {**spec["async"], "delay_sigma": 0, "server_samples": server,
+                        **({"ood_samples": server} if spec["async"].get("ood_dataset") else {})}
     return out
 
 
@@ -297,8 +299,8 @@ def run_group(group: Group, device: str, max_batch_flops: float, workdir: Path, 
     data, partition = synthetic_inputs(run, 0, workdir)
     if run.get("async", {}).get("ood_dataset"):
         ood = run["async"]["ood_dataset"]
-        labels = np.arange(SERVER_SAMPLES) % data_shape(ood)[2]
-        write_synthetic(workdir / f"{ood}.npz", ood, SERVER_SAMPLES, labels, test_rows=2)
+        labels = np.arange(run["async"]["ood_samples"]) % data_shape(ood)[2]
+        write_synthetic(workdir / f"{ood}.npz", ood, len(labels), labels, test_rows=2)
     index = workdir / "runs" / "seeds.json"
     ckpt = workdir / "checkpoints"
     lines: list[str] = []
@@ -495,9 +497,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{sum(len(g.jobs) for g in groups)} train jobs in {len(groups)} groups of one shape; {len(chosen)} "
               f"run here on {device} ({args.jobs} at once, one thread each), {PREFLIGHT_ROUNDS} rounds each, on "
               f"synthetic data of the real shapes, classes and client counts (one batch per client), every "
-              f"update on time, server sets of {SERVER_SAMPLES}; batches cut to {max_batch_flops:.3g} forward "
-              f"FLOPs and {max_clients or 'all'} clients trained a round. train_resources: {resources} (studies "
-              f"may override mem_mb and runtime per setting or method); GPUs of "
+              f"update on time, server sets of {SERVER_SAMPLES} (two batches where cut); batches cut to "
+              f"{max_batch_flops:.3g} forward FLOPs and {max_clients or 'all'} clients trained a round. "
+              f"train_resources: {resources} (studies may override mem_mb and runtime per setting or method); "
+              f"GPUs of "
               f"{args.gpu_mem_gb:g} GB.",
               "host/GPU MB and h/job are projected to the paper's data sizes, batches, clients and steps (see "
               "`fedrepro.preflight`'s docstring); 'est.' and 'cost model' mark numbers not measured on a GPU."]

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call, grad, jvp
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fedrepro import seeding
 from fedrepro.hetero.base import ClientRound, HeteroMethod
@@ -110,7 +111,10 @@ def feedback_gradient(model: SplitModel, params: dict[str, Tensor], buffers: dic
     # a dim is 1 (1x1 and depthwise convolutions), and convolution kernels, hence roundings, follow the strides
     primal = {k: v.clone() for k, v in primal.items()}
     tangent = {k: torch.empty_like(primal[k]).copy_(v) for k, v in tangent.items()}
-    _, dz = jvp(z_fn, (primal,), (tangent,))  # J_z(x_b; theta) g_q for every study sample b: [B, M]
+    # the fused attention kernels (flash, memory-efficient) have no forward-mode derivative: the ViTs of the
+    # HtM10 group go through the math kernel, the same attention written in differentiable ops
+    with sdpa_kernel(SDPBackend.MATH):
+        _, dz = jvp(z_fn, (primal,), (tangent,))  # J_z(x_b; theta) g_q for every study sample b: [B, M]
     pi = torch.zeros_like(guide)
     pi.index_add_(0, ys, dz)
     return pi * (2.0 * lr / dz.numel())
