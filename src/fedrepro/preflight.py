@@ -277,6 +277,13 @@ def state_bytes_per_client(spec: dict, params: int) -> int:
     return int(declared(params)) if callable(declared) else 0
 
 
+def state_on_host(spec: dict) -> bool:
+    """Whether a method keeps its per-client state in host memory (CA2FL's cache: ``host_state``)."""
+    from fedrepro.federations import methods_of
+
+    return bool(getattr(methods_of(spec["federation"])[spec["algorithm"]], "host_state", ()))
+
+
 def run_group(group: Group, device: str, max_batch_flops: float, workdir: Path, max_clients: int | None = None) -> dict:
     """Run one group's preflight in this process (a forked child) and return its measurements."""
     import torch
@@ -387,12 +394,12 @@ def project(job: Job, m: dict, on_cpu: bool, gpu_mem_gb: float, gpu_tflops: floa
     resources it would exceed.
 
     Device memory: the data set on the device at its real size (its peak while moving there), every client's
-    kept state, the model with its gradient, optimiser state and the global copy (4 x the parameters), and
-    the activations of the real batch; on CUDA the measured peak replaces the last two. Host memory: the
-    measured peak plus the prepared uint8 arrays at their real size (twice: loaded, then copied for pooled
-    or subset splits), plus the device's share when the job runs on the CPU. Disk: the measured checkpoint
-    plus the state of the clients the two preflight rounds did not reach; kept per finished job, the
-    measured files of a finished seed times the seeds."""
+    kept state (in host memory instead where a method keeps it there), the model with its gradient, optimiser
+    state and the global copy (4 x the parameters), and the activations of the real batch; on CUDA the
+    measured peak replaces the last two. Host memory: the measured peak plus the prepared uint8 arrays at
+    their real size (twice: loaded, then copied for pooled or subset splits), plus the device's share when
+    the job runs on the CPU. Disk: the measured checkpoint plus the state of the clients the two preflight
+    rounds did not reach; kept per finished job, the measured files of a finished seed times the seeds."""
     from fedrepro.cost import TEST_SIZES, run_steps, server_cost, server_passes
     from fedrepro.sim.tensors import device_data_bytes
 
@@ -405,11 +412,12 @@ def project(job: Job, m: dict, on_cpu: bool, gpu_mem_gb: float, gpu_tflops: floa
     state = m["state_per_client"] * spec["partition"]["clients"]
     batch = spec["training"]["batch_size"]
     measured_gpu = m["peak_gpu"] is not None
+    host_state = state if state_on_host(spec) else 0
     if measured_gpu:
-        device = m["peak_gpu"] + peak + state + max(0, batch - m["batch"]) * m["act_per_sample"]
+        device = m["peak_gpu"] + peak + state - host_state + max(0, batch - m["batch"]) * m["act_per_sample"]
     else:
-        device = peak + state + 16 * m["params"] + batch * m["act_per_sample"]
-    host = m["peak_rss"] + 2 * raw_bytes + (device if on_cpu else 0)
+        device = peak + state - host_state + 16 * m["params"] + batch * m["act_per_sample"]
+    host = m["peak_rss"] + 2 * raw_bytes + host_state + (device if on_cpu else 0)
     steps = run_steps(spec) * job.seeds
     s_per_step = m["train_s"] / max(m["steps"], 1)
     if measured_gpu or on_cpu:
@@ -483,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="also write the table here (Markdown)")
     parser.add_argument("--measurements", default=None, help="a JSON file of measurements by group: groups found "
                         "there are not run again, and every new one is added (projections change without a rerun)")
+    parser.add_argument("--project-only", action="store_true", help="with --measurements: the table of the groups "
+                        "measured there, running none")
     args = parser.parse_args(argv)
     config = resolve_config(merge_configfiles(*args.configfile), source=" ".join(args.configfile))
     device = args.device or config["device"]
@@ -512,6 +522,9 @@ def main(argv: list[str] | None = None) -> int:
     saved = Path(args.measurements) if args.measurements else None
     known = json.loads(saved.read_text()) if saved and saved.exists() else {}
     results: dict[int, dict] = {i: known[g.key] for i, g in enumerate(chosen) if g.key in known}
+    if args.project_only:
+        chosen = [g for g in chosen if g.key in known]
+        results = {i: known[g.key] for i, g in enumerate(chosen)}
     pending = [(i, g) for i, g in enumerate(chosen) if i not in results]
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         futures = {pool.submit(measure, g, device, max_batch_flops, args.timeout, max_clients): i for i, g in pending}
