@@ -69,9 +69,10 @@ def test_a_paper_group_runs_its_real_path_and_reports_what_it_measured(group):
 
 
 def _measurement(**overrides) -> dict:
-    return {"ok": True, "status": "complete", "batch": 32, "params": 1_000_000, "flops_per_sample": 1e9,
-            "peak_rss": 2 << 30, "peak_gpu": None, "train_s": 10.0, "finetune_s": None, "checkpoint_bytes": 4 << 20,
-            "kept_bytes": 1 << 20, "act_per_sample": 1 << 20, "state_per_client": 0, "steps": 10, **overrides}
+    return {"ok": True, "status": "complete", "batch": 32, "params": 1_000_000, "trained": 1_000_000,
+            "flops_per_sample": 1e9, "peak_rss": 2 << 30, "peak_gpu": None, "train_s": 10.0, "finetune_s": None,
+            "checkpoint_bytes": 4 << 20, "kept_bytes": 1 << 20, "act_per_sample": 1 << 20, "state_per_client": 0,
+            "steps": 10, **overrides}
 
 
 def _job(clients: int, batch: int = 32, mem_mb: int = 10**6, runtime: int = 10**6) -> Job:

@@ -297,6 +297,9 @@ def run_group(group: Group, device: str, max_batch_flops: float, workdir: Path, 
     real_batch = spec["training"]["batch_size"]
     model, shape = build_spec_model(spec)
     params = sum(p.numel() for p in model.parameters())
+    # what travels and what a method keeps per client: the trained parameters (a LoRA ViT's frozen backbone
+    # is in no vector, sim/flat.py)
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     # per sample, from a batch of 2 (BatchNorm in train mode needs more than one)
     flops = step_flops(spec["model"], shape, data_shape(spec["dataset"])[2], 2,
                        group_of=spec["partition"]["clients"] if spec["federation"] == "hetero" else 0) / 2
@@ -338,7 +341,7 @@ def run_group(group: Group, device: str, max_batch_flops: float, workdir: Path, 
         "train_s": train_s, "finetune_s": finetune_s, "checkpoint_bytes": disk.checkpoint_bytes,
         "kept_bytes": disk.kept_bytes,
         "act_per_sample": saved_bytes_per_sample(spec),
-        "state_per_client": state_bytes_per_client(spec, params),
+        "trained": trained, "state_per_client": state_bytes_per_client(spec, trained),
         "steps": preflight_steps(run),
     }
 
@@ -394,8 +397,8 @@ def project(job: Job, m: dict, on_cpu: bool, gpu_mem_gb: float, gpu_tflops: floa
     resources it would exceed.
 
     Device memory: the data set on the device at its real size (its peak while moving there), every client's
-    kept state (in host memory instead where a method keeps it there), the model with its gradient, optimiser
-    state and the global copy (4 x the parameters), and the activations of the real batch; on CUDA the
+    kept state (in host memory instead where a method keeps it there), the model, the gradient, optimiser
+    state and global copy of its trained parameters (3 x those), and the activations of the real batch; on CUDA the
     measured peak replaces the last two. Host memory: the measured peak plus the prepared uint8 arrays at
     their real size (twice: loaded, then copied for pooled or subset splits), plus the device's share when
     the job runs on the CPU. Disk: the measured checkpoint plus the state of the clients the two preflight
@@ -416,7 +419,8 @@ def project(job: Job, m: dict, on_cpu: bool, gpu_mem_gb: float, gpu_tflops: floa
     if measured_gpu:
         device = m["peak_gpu"] + peak + state - host_state + max(0, batch - m["batch"]) * m["act_per_sample"]
     else:
-        device = peak + state - host_state + 16 * m["params"] + batch * m["act_per_sample"]
+        device = (peak + state - host_state + 4 * m["params"] + 12 * m["trained"]
+                  + batch * m["act_per_sample"])
     host = m["peak_rss"] + 2 * raw_bytes + host_state + (device if on_cpu else 0)
     steps = run_steps(spec) * job.seeds
     s_per_step = m["train_s"] / max(m["steps"], 1)
@@ -467,6 +471,33 @@ def render(rows: list[tuple[Group, dict, list[dict]]], header: list[str]) -> str
                      f"{top('data_mb'):,.0f} | {top('host_mb'):,.0f} | {top('device_mb'):,.0f} ({gpu_basis}) | "
                      f"{top('hours'):.2f} ({ps[0]['basis']}) | {top('kept_mb'):,.1f} | "
                      f"{'<br>'.join(over) or 'fits'} |")
+    return "\n".join(lines) + "\n"
+
+
+HEADROOM = 1.25  # resources asked for: the projection plus a quarter (estimates, allocator slack, slow nodes)
+
+
+def suggest_resources(rows: list[tuple[Group, dict, list[dict]]]) -> str:
+    """For each study method with a job over its resources, the `resources:` to give that method in its study
+    file: the largest projection over its jobs plus HEADROOM, runtime in whole hours, memory in GB."""
+    need: dict[tuple[str, str], dict[str, int]] = {}
+    for g, _, ps in rows:
+        for job, p in zip(g.jobs, ps, strict=False):
+            if not p["over"]:
+                continue
+            study, _, method = job.name.split("/")
+            want = need.setdefault((study, method), {})
+            if p["hours"] * 60 > job.resources["runtime"]:
+                want["runtime"] = max(want.get("runtime", 0), 60 * math.ceil(p["hours"] * HEADROOM))
+            if p["host_mb"] > job.resources["mem_mb"]:
+                want["mem_mb"] = max(want.get("mem_mb", 0), 1000 * math.ceil(p["host_mb"] * HEADROOM / 1000))
+    if not need:
+        return ""
+    lines = ["", "Resources that would fit (`resources:` of the method in its study file; projection + "
+             f"{HEADROOM - 1:.0%}):", ""]
+    for (study, method), want in sorted(need.items()):
+        values = ", ".join(f"{k}: {v}" for k, v in sorted(want.items()))
+        lines.append(f"- {study}: `{method}: {{resources: {{{values}}}}}`")
     return "\n".join(lines) + "\n"
 
 
@@ -555,6 +586,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{sum(len(g.jobs) for g, _, _ in rows)} jobs of these groups when finished ({with_checkpoints:,.1f} "
               f"GB with `keep_checkpoints: true`, every seed's last checkpoint kept); the largest "
               f"checkpoint while running {peak_disk:,.0f} MB. Wall time {time.perf_counter() - t0:.0f} s.\n")
+    table += suggest_resources(rows)
     print(table)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
