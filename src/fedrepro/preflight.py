@@ -229,29 +229,22 @@ def preflight_spec(spec: dict, max_batch: int | None, max_clients: int | None = 
 
 
 # ----- measuring one group in a process of its own
-def saved_bytes_per_sample(spec: dict) -> float:
-    """Bytes autograd keeps for the backward pass per sample of one forward (what grows with the batch),
-    measured on the setting's model at batch 2 with saved_tensors_hooks."""
+def saved_bytes_per_sample(model, shape: tuple[int, ...], text: bool) -> float:
+    """Bytes autograd keeps for the backward pass per sample of one forward of ``model`` (what grows with the
+    batch), measured at batch 2 with saved_tensors_hooks; the parameters it saves are not counted."""
     import torch
 
-    from fedrepro.models import TEXT_MODELS
-
-    model, shape = build_spec_model(spec)
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
 
-    x = (torch.zeros(2, shape[0], dtype=torch.long) if spec["model"] in TEXT_MODELS
-         else torch.zeros(2, shape[2], shape[0], shape[1]))
-    params = sum(p.untyped_storage().nbytes() for p in model.parameters())
+    x = torch.zeros(2, shape[0], dtype=torch.long) if text else torch.zeros(2, shape[2], shape[0], shape[1])
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(x).sum()
     ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    activations = sum(b for ptr, b in seen.items() if ptr not in ptrs)
-    del params
-    return activations / 2
+    return sum(b for ptr, b in seen.items() if ptr not in ptrs) / 2
 
 
 def build_spec_model(spec: dict):
@@ -290,6 +283,7 @@ def run_group(group: Group, device: str, max_batch_flops: float, workdir: Path, 
 
     from fedrepro import pipeline
     from fedrepro.cost import step_flops
+    from fedrepro.models import TEXT_MODELS
     from fedrepro.sim.checkpoint import job_footprint
 
     torch.set_num_threads(1)
@@ -340,7 +334,7 @@ def run_group(group: Group, device: str, max_batch_flops: float, workdir: Path, 
         "peak_gpu": torch.cuda.max_memory_allocated() if cuda else None,
         "train_s": train_s, "finetune_s": finetune_s, "checkpoint_bytes": disk.checkpoint_bytes,
         "kept_bytes": disk.kept_bytes,
-        "act_per_sample": saved_bytes_per_sample(spec),
+        "act_per_sample": saved_bytes_per_sample(model, shape, spec["model"] in TEXT_MODELS),
         "trained": trained, "state_per_client": state_bytes_per_client(spec, trained),
         "steps": preflight_steps(run),
     }
