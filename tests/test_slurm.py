@@ -18,6 +18,8 @@ import pytest
 import yaml
 from conftest import REPO
 
+from fedrepro.config import job_resources, merge_configfiles, resolve_config
+
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile")]
 TOOLS = REPO / "tools" / "slurm"
 LOCALRULES = {"download_dataset", "download_weights", "aggregate", "aggregate_finetune", "table", "figure", "scorecard",
@@ -66,16 +68,18 @@ def run(cmd: list[str], timeout: float, **kw) -> tuple[int | None, str]:
 
 
 def jobs_of(dry_run_output: str) -> list[dict]:
-    """The jobs a dry run lists (group members included): rule, threads and resources of each."""
+    """The jobs a dry run lists (group members included): rule, threads, resources and wildcards of each."""
     jobs = []
     for m in re.finditer(r"^\s*(?:local)?rule (\w+):\n((?:[ \t]+\S.*\n?)*)", dry_run_output, flags=re.M):
         body = m[2]
         threads = re.search(r"^\s*threads: (\d+)$", body, flags=re.M)
         res = re.search(r"^\s*resources: (.*)$", body, flags=re.M)
+        wildcards = re.search(r"^\s*wildcards: (.*)$", body, flags=re.M)
         jobs.append({
             "rule": m[1],
             "threads": int(threads[1]) if threads else 1,
             "resources": dict(kv.split("=", 1) for kv in res[1].split(", ")) if res else {},
+            "wildcards": dict(kv.split("=", 1) for kv in wildcards[1].split(", ")) if wildcards else {},
         })
     return jobs
 
@@ -114,10 +118,13 @@ def test_slurm_profile_asks_a_gpu_for_train_jobs_and_none_for_localrules(tmp_pat
     jobs = jobs_of(proc.stdout)
     train = [j for j in jobs if j["rule"] == "train"]
     assert train, proc.stdout[-3000:]
+    studies = resolve_config(merge_configfiles(*configs))["studies"]
     for job in train:
         assert job["resources"].get("gpu") == "1", job  # sbatch --gpus=1
+        w = job["wildcards"]  # train_resources, or what the study asks for this setting x method
+        asked = {**want, **job_resources({}, studies[w["study"]], w["setting"], w["method"])}
         for key in ("mem_mb", "runtime"):
-            assert key not in want or job["resources"][key] == str(want[key]), job
+            assert key not in asked or job["resources"][key] == str(asked[key]), job
         assert "threads" not in want or job["threads"] == want["threads"], job  # not capped at cores: 2
         assert "cpus_per_task" not in job["resources"], job
     local = [j for j in jobs if j["rule"] in LOCALRULES]
