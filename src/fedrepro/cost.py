@@ -102,6 +102,16 @@ def cpu_seconds_per_flop(repeats: int = 30) -> float:
     return (time.perf_counter() - t0) / repeats / step_flops("cnn4", (28, 28, 1), 10, 32)
 
 
+def model_input(spec: dict) -> tuple[tuple[int, ...], int]:
+    """(input shape as the model sees it, classes) of a run spec: the setting's resizing and grey -> colour
+    expansion (FedGTST's MNIST) applied to its data set's shape."""
+    _, raw, classes = DATASETS[spec["dataset"]]
+    if len(raw) == 3:
+        side = spec.get("image_size")
+        return (side or raw[0], side or raw[1], spec.get("channels") or raw[2]), classes
+    return raw, classes
+
+
 def run_steps(spec: dict) -> float:
     """SGD steps of one run of ``spec``."""
     n, _, _ = DATASETS[spec["dataset"]]
@@ -197,10 +207,7 @@ def estimate(config: dict, gpu_tflops: float, step_floor_ms: float, cpu_spf: flo
         server_by_method: dict[str, float] = {}
         for setting, method in jobs:
             spec = run_spec(study, setting, method)
-            _, shape, classes = DATASETS[spec["dataset"]]
-            if len(shape) == 3:  # the setting's resizing and grey -> colour expansion (FedGTST's MNIST)
-                side = spec.get("image_size")
-                shape = (side or shape[0], side or shape[1], spec.get("channels") or shape[2])
+            shape, classes = model_input(spec)
             hetero = spec.get("federation") == "hetero"
             step = flops_of(spec["model"], shape, classes, spec["training"]["batch_size"],
                             spec["partition"]["clients"] if hetero else 0)

@@ -51,6 +51,7 @@ from fedrepro.config import (
     run_spec,
     transfer_runs,
 )
+from fedrepro.cost import model_input
 from fedrepro.io import atomic_write_json
 
 PREFLIGHT_ROUNDS = 2
@@ -79,15 +80,6 @@ class Group:
     @property
     def spec(self) -> dict:
         return self.jobs[0].spec
-
-
-def model_input(spec: dict) -> tuple[tuple[int, ...], int]:
-    """(input shape as the model sees it, classes) of a run spec: the setting's resizing and channels applied."""
-    _, raw, classes = data_shape(spec["dataset"])
-    if len(raw) == 3:
-        side = spec.get("image_size")
-        return (side or raw[0], side or raw[1], spec.get("channels") or raw[2]), classes
-    return raw, classes
 
 
 def shape_key(spec: dict) -> str:
