@@ -8,9 +8,13 @@ import numpy as np
 import pandas as pd
 
 from fedrepro.report.convergence import (
+    BEST_OVER_ROUNDS,
+    LAST_K_MAX,
+    QUARTER_MEAN,
     accuracy_cells,
     chance_level,
     convergence_blocks,
+    plateau_check,
     quarter_means,
     run_plateaus,
     study_convergence,
@@ -82,10 +86,64 @@ def test_chance_is_one_over_the_classes_of_the_runs():
 def test_the_section_names_the_runs_and_cells_that_miss():
     curves = {("a", "climbing", 0): [10, 20, 30, 40, 50, 60, 70, 80], ("a", "flat", 0): [70] * 8}
     spec = {"name": "t1", "metric": "best_acc", "columns": [{"setting": "a", "label": "A"}]}
-    cells = pd.DataFrame([dict(row="climbing", column="A", n_seeds=3, ours_std=4.0, status="ok"),
-                          dict(row="flat", column="A", n_seeds=3, ours_std=0.5, status="ok")])
+    cells = pd.DataFrame([dict(row=m, column="A", n_seeds=3, ours_std=sd, status="ok", method=m, setting="a")
+                          for m, sd in (("climbing", 4.0), ("flat", 0.5))])
     conv = study_convergence("s", _runs(curves), _summary(curves), [(spec, cells)])
     statements, tables = convergence_blocks(conv)
     assert "1 of 2 (50%)" in statements[0] and "1 of 2 (50%)" in statements[1]
     (_, _, missed), (_, _, spread) = tables
     assert [r[1] for r in missed] == ["climbing"] and [r[1] for r in spread] == ["climbing"]
+
+
+# an early spike, then flat at a lower level with a last-quarter dip: the best is set early and never beaten
+SPIKED = [20, 84, 70, 70, 72, 72, 70, 70]
+RISING = [10, 20, 30, 40, 50, 60, 70, 80]
+# the max over a window stays put while the mean of the window climbs
+SAWTOOTH = [10, 40, 50, 60, 60, 75, 74, 75.5]
+
+
+def test_best_over_rounds_compares_the_best_with_the_best_of_the_first_three_quarters():
+    best = plateau_check(np.array(SPIKED, dtype=float), BEST_OVER_ROUNDS)
+    assert (best.before, best.last, best.passes) == (84.0, 84.0, True)
+    quarter = plateau_check(np.array(SPIKED, dtype=float), QUARTER_MEAN)
+    assert (quarter.before, quarter.last, quarter.passes) == (72.0, 70.0, False)
+    rising = plateau_check(np.array(RISING, dtype=float), BEST_OVER_ROUNDS)
+    assert (rising.before, rising.last, rising.passes) == (60.0, 80.0, False)
+    assert rising.text() == "best 80.00 vs 60.00 before (+20.00, best-over-rounds)"
+
+
+def test_last_k_max_compares_the_max_of_the_last_quarter_with_the_quarter_before():
+    window = plateau_check(np.array(SAWTOOTH, dtype=float), LAST_K_MAX)
+    assert (window.before, window.last, window.passes) == (75.0, 75.5, True)
+    assert not plateau_check(np.array(SAWTOOTH, dtype=float), QUARTER_MEAN).passes  # means 67.5 -> 74.75
+    assert not plateau_check(np.array(RISING, dtype=float), LAST_K_MAX).passes  # 60 -> 80
+
+
+def _cells(spec: dict, shown: list[tuple[str, str]]) -> pd.DataFrame:
+    """A table's tidy cells, row-major, each showing the runs of (method, setting)."""
+    return pd.DataFrame([dict(row=m, column=s, n_seeds=1, ours_std=np.nan, status="ok", method=m, setting=s)
+                         for m, s in shown])
+
+
+def test_each_run_is_judged_by_the_metric_of_the_tables_that_show_it():
+    curves = {("a", "spiked", 0): SPIKED, ("a", "sawtooth", 0): SAWTOOTH, ("a", "both", 0): SPIKED,
+              ("a", "diverged", 0): SPIKED, ("a", "unshown", 0): SPIKED}
+    best = {"name": "t1", "metric": "best_acc", "columns": [{"setting": "a", "label": "A"}]}
+    last_max = {"name": "t2", "metric": "last_k_max_acc", "columns": [{"setting": "a", "label": "A"}]}
+    final = {"name": "t3", "metric": "final_acc", "columns": [{"setting": "a", "label": "A"}]}
+    tables = [(best, _cells(best, [("spiked", "a"), ("both", "a"), ("diverged", "a")])),
+              (last_max, _cells(last_max, [("sawtooth", "a")])), (final, _cells(final, [("both", "a")]))]
+    conv = study_convergence("s", _runs(curves), _summary(curves, status={("a", "diverged", 0): "diverged"}), tables)
+    runs = {r.method: r for r in conv.runs}
+    assert {m: r.at_plateau for m, r in runs.items()} == {
+        "spiked": True, "sawtooth": True, "both": False, "diverged": False, "unshown": False}
+    assert [c.rule for c in runs["both"].checks] == [BEST_OVER_ROUNDS, QUARTER_MEAN]  # must meet each
+    assert [c.rule for c in runs["sawtooth"].checks] == [LAST_K_MAX]
+    assert [c.rule for c in runs["unshown"].checks] == [QUARTER_MEAN]  # in no table: the quarter means
+    statements, tables_out = convergence_blocks(conv)
+    assert "**2 of 5 (40%)**" in statements[0]
+    assert "Runs judged by quarter-mean: 2, best-over-rounds: 3, last-k-max: 1." in statements[0]
+    (_, head, missed), = [t for t in tables_out if t[0] == "Runs that miss the plateau rule"]
+    rows = {r[1]: r[4] for r in missed}
+    assert rows["both"] == "mean 70.00 vs 72.00 before (-2.00, quarter-mean)"  # the rule it misses, only
+    assert rows["diverged"] == "best 84.00 vs 84.00 before (+0.00, best-over-rounds)"  # named, with its check

@@ -14,12 +14,13 @@ from conftest import REPO
 
 from fedrepro.config import ConfigError, merge_configfiles, resolve_config
 from fedrepro.report.captions import KINDS, figure_caption, rst_escape, table_caption
-from fedrepro.report.published import load_published, lookup
+from fedrepro.report.published import load_published, lookup, trials_behind_sd
 from fedrepro.report.scorecard import build_scorecard, check_claims, render_markdown, score_table
 from fedrepro.report.showcase import BEGIN, END, replace_block, study_section, write_showcase
 from fedrepro.report.tables import paper_key
 
 ROWS = [{"method": m, "label": m.upper()} for m in ("a", "b", "c")]
+NAN = math.nan
 
 
 def spec_of(columns: list[dict], claims: list[dict] | None = None, metric: str = "best_acc") -> dict:
@@ -27,19 +28,21 @@ def spec_of(columns: list[dict], claims: list[dict] | None = None, metric: str =
             "columns": columns, "claims": claims or []}
 
 
-def cells_of(spec: dict, ours: list[list[float]], paper: list[list[float]], std: list[list[float]]) -> pd.DataFrame:
-    """The tidy cell frame render_table writes, row-major; NaN ours = a missing cell."""
+def cells_of(spec: dict, ours: list[list[float]], paper: list[list[float]], std: list[list[float]],
+             ours_sd: list[list[float]] | None = None, seeds: int = 1) -> pd.DataFrame:
+    """The tidy cell frame render_table writes, row-major; NaN ours = a missing cell; by default one seed a cell
+    (no sd of ours)."""
     rows = []
     for i, r in enumerate(spec["rows"]):
         for j, c in enumerate(spec["columns"]):
             o = ours[i][j]
             rows.append({"row": r["label"], "column": c["label"], "method": r["method"], "setting": c["setting"],
-                         "ours_mean": o, "paper_mean": paper[i][j], "paper_std": std[i][j],
-                         "status": "missing" if math.isnan(o) else "ok"})
+                         "n_seeds": 0 if math.isnan(o) else seeds, "ours_mean": o,
+                         "ours_std": ours_sd[i][j] if ours_sd else NAN, "paper_mean": paper[i][j],
+                         "paper_std": std[i][j], "status": "missing" if math.isnan(o) else "ok"})
     return pd.DataFrame(rows)
 
 
-NAN = math.nan
 TWO_COLS = [{"setting": "s1", "label": "one"}, {"setting": "s2", "label": "two"}]
 
 
@@ -71,9 +74,11 @@ def test_best_claim_holds_fails_and_names_the_failing_column() -> None:
     spec = spec_of(TWO_COLS, [{"best": "a"}])
     ours = [[70.0, 60.0], [69.0, 61.0], [NAN, 50.0]]
     paper = [[71.0, 64.0], [70.0, 63.0], [60.0, 62.0]]
-    (claim,) = check_claims(spec, cells_of(spec, ours, paper, [[NAN] * 2] * 3))
-    assert claim.paper == "holds (2/2)"
-    assert claim.ours == "fails (1/2 hold; not in two)" and claim.holds is False
+    (claim,) = check_claims(spec, cells_of(spec, ours, paper, [[NAN] * 2] * 3), trials=3)
+    assert claim.paper == ("holds (2 of 2): one (vs B) holds: +1.00 (no sd printed); "
+                           "two (vs B) holds: +1.00 (no sd printed)")
+    assert claim.ours == ("fails (1 hold, 1 fail of 2): one (vs B) holds: +1.00 (1 seed); "
+                          "two (vs B) fails: -1.00 (1 seed)") and claim.holds is False
     assert claim.text == "A is best in every column"
 
 
@@ -82,10 +87,10 @@ def test_claims_respect_lower_is_better_columns_and_ties() -> None:
     spec = {**spec_of(columns, [{"best": "a"}]), "target_acc": 55}
     ours = [[70.0, 10.0], [70.0, 12.0], [60.0, 30.0]]  # a ties b on accuracy and needs the fewest rounds
     (claim,) = check_claims(spec, cells_of(spec, ours, ours, [[NAN] * 2] * 3))
-    assert claim.ours == "holds (2/2)"
+    assert claim.ours == "holds (2 of 2): acc (vs B) holds: +0.00 (1 seed); rounds (vs B) holds: +2.00 (1 seed)"
     ours[0][1] = 40.0
     (claim,) = check_claims(spec, cells_of(spec, ours, ours, [[NAN] * 2] * 3))
-    assert claim.ours == "fails (1/2 hold; not in rounds)"
+    assert claim.ours.startswith("fails (1 hold, 1 fail of 2): ") and "rounds (vs B) fails: -28.00" in claim.ours
 
 
 def test_pairwise_and_column_claims_with_missing_cells() -> None:
@@ -96,13 +101,72 @@ def test_pairwise_and_column_claims_with_missing_cells() -> None:
     spec = spec_of(columns, claims)
     ours = [[50.0, 55.0], [60.0, 58.0], [NAN, 70.0]]
     paper = [[50.0, 52.0], [60.0, 61.0], [65.0, 66.0]]
-    pair, column, one_row = check_claims(spec, cells_of(spec, ours, paper, [[NAN] * 2] * 3))
-    assert pair.text == "C beats B" and pair.ours == "holds (1/1); 1 of 2 without numbers"
-    assert pair.holds is None and pair.paper == "holds (2/2)"
-    assert column.ours == "fails (1/2 hold; not in B); 1 of 3 without numbers"
-    assert column.paper == "holds (3/3)"
-    assert one_row.ours == "holds (1/1)" and one_row.holds is True
+    pair, column, one_row = check_claims(spec, cells_of(spec, ours, paper, [[NAN] * 2] * 3), trials=3)
+    assert pair.text == "C beats B"
+    assert pair.ours == "holds (1 of 1); 1 of 2 without numbers: with holds: +12.00 (1 seed)"
+    assert pair.holds is None and pair.paper.startswith("holds (2 of 2): ")
+    assert column.ours == ("fails (1 hold, 1 fail of 2); 1 of 3 without numbers: A holds: +5.00 (1 seed); "
+                           "B fails: -2.00 (1 seed)") and column.holds is False
+    assert column.paper.startswith("holds (3 of 3): ")
+    assert one_row.ours == "holds (1 of 1): A holds: +5.00 (1 seed)" and one_row.holds is True
     assert one_row.text == "column with beats column without in A"
+
+
+THREE_COLS = [{"setting": f"s{k}", "label": name} for k, name in ((1, "one"), (2, "two"), (3, "three"))]
+
+
+def test_a_place_holds_beyond_two_standard_errors_fails_below_minus_two_and_is_within_noise_between() -> None:
+    claims = [{"better": "a", "than": "b"}, {"better": "a", "than": "b", "columns": ["s1", "s2"]}]
+    spec = spec_of(THREE_COLS, claims)
+    ours = [[73.0, 71.0, 67.0], [70.0, 70.0, 70.0], [NAN] * 3]
+    # sd 1 over 2 seeds in both cells: SE of the difference sqrt(1/2 + 1/2) = 1
+    cells = cells_of(spec, ours, [[NAN] * 3] * 3, [[NAN] * 3] * 3, ours_sd=[[1.0] * 3] * 3, seeds=2)
+    every, two_columns = check_claims(spec, cells)
+    assert every.ours == ("fails (1 hold, 1 fail, 1 within noise of 3): one holds: +3.00 ± 1.00 (2 SE 2.00); "
+                          "two within noise: +1.00 ± 1.00 (2 SE 2.00); three fails: -3.00 ± 1.00 (2 SE 2.00)")
+    assert every.holds is False
+    assert two_columns.ours.startswith("within noise (1 hold, 1 within noise of 2): ") and two_columns.holds is None
+    # a cell of one seed has no SE: the sign decides, and the place says why
+    one_seed = cells.assign(n_seeds=[1, 2, 2, 2, 2, 2, 0, 0, 0], ours_std=[NAN, 1, 1, 1, 1, 1, NAN, NAN, NAN])
+    _, two_columns = check_claims(spec, one_seed)
+    assert two_columns.ours == ("within noise (1 hold, 1 within noise of 2): one holds: +3.00 (1 seed); "
+                                "two within noise: +1.00 ± 1.00 (2 SE 2.00)")
+
+
+def test_a_best_claim_is_checked_against_the_strongest_other_row() -> None:
+    columns = [{"setting": "s1", "label": "acc"}, {"setting": "s1", "label": "rounds", "metric": "rounds_to_acc"}]
+    spec = {**spec_of(columns, [{"best": "a"}]), "target_acc": 55}
+    ours = [[75.5, 10.0], [72.0, 30.0], [74.0, 12.0]]  # C is the runner-up in both columns (fewer rounds: better)
+    cells = cells_of(spec, ours, [[NAN] * 2] * 3, [[NAN] * 2] * 3, ours_sd=[[0.5, 1.0]] * 3, seeds=2)
+    (claim,) = check_claims(spec, cells)
+    assert claim.ours == ("within noise (1 hold, 1 within noise of 2): acc (vs C) holds: +1.50 ± 0.50 (2 SE 1.00); "
+                          "rounds (vs C) within noise: +2.00 ± 1.00 (2 SE 2.00)")
+
+
+def test_the_published_side_uses_the_printed_sd_over_the_papers_trials_or_else_the_sign(tmp_path: Path) -> None:
+    spec = spec_of(TWO_COLS, [{"better": "a", "than": "b"}])
+    paper = [[71.0, 61.0], [70.0, 60.5], [NAN, NAN]]
+    std = [[0.75, NAN], [0.75, NAN], [NAN, NAN]]  # column two prints no sd
+    cells = cells_of(spec, [[NAN] * 2] * 3, paper, std)
+    # 3 trials: SE sqrt(2 x 0.75² / 3) = 0.61, +1.00 within 2 SE; 5 trials: SE 0.47, it holds
+    (three,) = check_claims(spec, cells, trials=3)
+    assert three.paper == ("within noise (1 hold, 1 within noise of 2): one within noise: +1.00 ± 0.61 (2 SE 1.22); "
+                           "two holds: +0.50 (no sd printed)")
+    (five,) = check_claims(spec, cells, trials=5)
+    assert five.paper == "holds (2 of 2): one holds: +1.00 ± 0.47 (2 SE 0.95); two holds: +0.50 (no sd printed)"
+    (unknown,) = check_claims(spec, cells)  # sds not over trials (or no trial count): the sign alone
+    assert unknown.paper.startswith("holds (2 of 2): one holds: +1.00 (no sd over trials printed);")
+    assert unknown.ours == "not checkable (no numbers)"
+    # the scorecard takes each study's trial count from its paper (FedDisco: 5 trials, FedL2G: 3)
+    csv = tmp_path / "t.csv"
+    cells.to_csv(csv, index=False)
+    for study_paper, verdict in (("feddisco", five.paper), ("fedl2g", three.paper)):
+        (score,) = build_scorecard([("s", spec, csv)], "paper", tmp_path / "sc.md", tmp_path / "sc.html",
+                                   papers={"s": study_paper})
+        assert score.claims[0].paper == verdict
+    assert f'<td class="noise">{three.paper}</td>' in (tmp_path / "sc.html").read_text()
+    assert trials_behind_sd("feddle", "Table 1") == 3
+    assert trials_behind_sd("feddisco", "Table 10") is None  # its ± is over a run's last 10 rounds
 
 
 def test_nothing_to_check_says_so() -> None:
@@ -128,9 +192,9 @@ def test_embedded_scorecard_compares_rankings_only_paper_scale_shows_distances(t
     md = (tmp_path / "sc.md").read_text()
     assert "not comparable" in md and "rankings only" in md and "mean abs diff" not in md
     assert "| t | Table 1 | best | 6 of 6 | 6 |" in md
-    assert "1 of 1 hold in our numbers" in md
+    assert "1 of 1 hold in our numbers, 0 fail, 0 within noise or without numbers" in md
     html = (tmp_path / "sc.html").read_text()
-    assert '<td class="holds">holds (2/2)</td>' in html and "not comparable" in html
+    assert '<td class="holds">holds (2 of 2): one (vs B) holds: +1.00 (1 seed);' in html and "not comparable" in html
     paper = render_markdown(scores, "paper")
     assert "not comparable" not in paper and "| mean abs diff | max abs diff | within 2 published sd |" in paper
     # one cell with a published sd, within 2 sd (|70 - 71| <= 2); the other five have none
@@ -165,18 +229,25 @@ def test_declared_claims_check_against_the_published_numbers(config: str) -> Non
                 for c in spec["columns"]:
                     key = paper_key(spec, r, c) if spec["paper_table"] else None
                     hit = lookup(published, spec["paper_table"], *key) if key else None
-                    rows.append({"ours_mean": NAN, "status": "missing", "paper_mean": hit[0] if hit else NAN,
-                                 "paper_std": NAN})
-            for claim in check_claims(spec, pd.DataFrame(rows)):
+                    rows.append({"ours_mean": NAN, "ours_std": NAN, "n_seeds": 0, "status": "missing",
+                                 "paper_mean": hit[0] if hit else NAN, "paper_std": hit[1] if hit else NAN})
+            trials = trials_behind_sd(study["paper"], spec["paper_table"])
+            for claim in check_claims(spec, pd.DataFrame(rows).fillna({"paper_std": NAN}), trials):
                 verdicts[(name, spec["name"], claim.text)] = claim.paper
     assert verdicts, "no claims declared"
     assert all(not v.startswith("not checkable") or "Disco improves every baseline under" in k[2]
                for k, v in verdicts.items()), verdicts  # (embedded Table 2 maps only its + Disco columns)
     if config == "config/paper.yaml":
-        assert verdicts[("feddisco", "table1", "FedDisco is best in every column")] == "holds (7/7)"
-        assert verdicts[("feddisco", "table7", "KL divergence is the best discrepancy metric")] == "holds (1/1)"
-        assert verdicts[("fedgtst", "table6", "FedGTST is best for every left-out domain")] == (
-            "holds (5/5); 1 of 6 without numbers")
+        # FedDisco's CINIC-10 NIID-2 lead (+0.34) is within 2 SE of its 5 trials' printed sds
+        assert verdicts[("feddisco", "table1", "FedDisco is best in every column")].startswith(
+            "within noise (6 hold, 1 within noise of 7): HAM10000 NIID-1 (vs SCAFFOLD) holds: +3.97 ± 0.32 "
+            "(2 SE 0.63);")
+        assert "CINIC-10 NIID-2 (vs SCAFFOLD) within noise: +0.34 ± 0.20 (2 SE 0.39)" in verdicts[
+            ("feddisco", "table1", "FedDisco is best in every column")]
+        assert verdicts[("feddisco", "table7", "KL divergence is the best discrepancy metric")] == (
+            "holds (1 of 1): Acc (vs L2) holds: +0.06 (no sd printed)")
+        assert verdicts[("fedgtst", "table6", "FedGTST is best for every left-out domain")].startswith(
+            "holds (5 of 5); 1 of 6 without numbers: C (vs FedSR) holds: +2.90 ± 0.45 (2 SE 0.90);")
 
 
 def _study_with_claims(claims: list[dict]) -> dict:
@@ -356,6 +427,7 @@ def test_scorecard_has_a_convergence_section_per_study_naming_the_runs_that_miss
                     runs={"s": (tmp_path / "runs.csv", tmp_path / "summary.csv")})
     md, page = (tmp_path / "sc.md").read_text(), (tmp_path / "sc.html").read_text()
     assert "### Convergence" in md and "**1 of 2 (50%)**" in md
-    assert "| x | b | 0 | 8 | 55.00 | 75.00 | +20.00 | complete |" in md
+    # the runs of x are in no table: the quarter means judge them
+    assert "| x | b | 0 | 8 | mean 75.00 vs 55.00 before (+20.00, quarter-mean) | complete |" in md
     assert "**5 of 6 (83%)**" in md and "| t | A | two | 3.00 | 3 |" in md
     assert "<h3>Convergence</h3>" in page and "<strong>1 of 2 (50%)</strong>" in page

@@ -253,16 +253,16 @@ def figure(spec: dict, inputs: list[Path], out_stem: Path, log: Callable[[str], 
 
 def scorecard(tables: list[dict], cell_csvs: list[Path], scale: str, md_out: Path, html_out: Path,
               log: Callable[[str], None], coverage: dict[str, list[int]] | None = None,
-              runs: dict[str, list[Path]] | None = None) -> None:
+              runs: dict[str, list[Path]] | None = None, papers: dict[str, str | None] | None = None) -> None:
     """Score every table (``tables``: {study, spec}, in the order of ``cell_csvs``) into one scorecard;
     ``coverage``: study -> [published cells shown, published cells]; ``runs``: study -> [runs.csv, summary.csv]
-    for its convergence section."""
+    for its convergence section; ``papers``: study -> its paper's key (the trials behind the published sds)."""
     from fedrepro.report.scorecard import build_scorecard
 
     scores = build_scorecard([(t["study"], t["spec"], Path(p)) for t, p in zip(tables, cell_csvs, strict=True)],
                              scale, Path(md_out), Path(html_out),
                              {s: (c[0], c[1]) for s, c in coverage.items()} if coverage else None,
-                             {s: (Path(r[0]), Path(r[1])) for s, r in runs.items()} if runs else None)
+                             {s: (Path(r[0]), Path(r[1])) for s, r in runs.items()} if runs else None, papers)
     claims = [c for s in scores for c in s.claims]
     log(f"{len(scores)} tables, {sum(c.holds is True for c in claims)} of {len(claims)} ranking claims hold "
         f"-> {md_out}, {html_out}")

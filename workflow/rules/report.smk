@@ -79,6 +79,7 @@ rule scorecard:
         scale=CFG["scale"],
         coverage=scorecard_coverage(),
         studies=list(STUDIES),
+        papers={s: spec["paper"] for s, spec in STUDIES.items()},
     log:
         f"{RES}/logs/scorecard.log",
     conda:

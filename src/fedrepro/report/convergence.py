@@ -1,10 +1,19 @@
 """Whether a study's numbers are finished results: each run at its plateau, seeds that agree, no method at chance.
 
-The scorecard's convergence section. A run is at its plateau when the mean test accuracy of its last quarter of
-evaluations is within ``PLATEAU_POINTS`` of the mean of the quarter before (a run still climbing, or falling,
-by more is a snapshot, not a result); a table cell's seeds agree when their standard deviation is at most
-``SEED_SD_POINTS``; a method sits at chance when its final accuracy, averaged over seeds, is within
-``CHANCE_POINTS`` of 100 / classes.
+The scorecard's convergence section. A run is at its plateau when the number its tables report no longer moves
+by more than ``PLATEAU_POINTS`` (a run still climbing, or falling, by more is a snapshot, not a result), judged
+on that number's own statistic of its test-accuracy curve:
+
+- best over rounds (table metric ``best_acc``): the best over all evaluations exceeds the best over the first
+  three quarters of them by at most ``PLATEAU_POINTS``;
+- max of the last k (``last_k_max_acc``, Feddle's reporting): the reported number is a max over a window of the
+  last evaluations, so the max over the last quarter is compared with the max over the quarter before;
+- final, mean of the last k, or any other accuracy: the mean of the last quarter against the mean of the quarter
+  before.
+
+A run shown in tables of several metrics must meet the rule of each; a run in no table's accuracy cell is judged
+by the quarter means. A table cell's seeds agree when their standard deviation is at most ``SEED_SD_POINTS``; a
+method sits at chance when its final accuracy, averaged over seeds, is within ``CHANCE_POINTS`` of 100 / classes.
 """
 
 from __future__ import annotations
@@ -24,6 +33,31 @@ CHANCE_POINTS = 2.0
 # targets the embedded default is held to (issue: at least 90% of runs at plateau, 80% of cells with sd <= 2)
 PLATEAU_TARGET = 0.9
 SEED_SD_TARGET = 0.8
+# the plateau rules, by the table metric they follow (any other: QUARTER_MEAN)
+QUARTER_MEAN, BEST_OVER_ROUNDS, LAST_K_MAX = "quarter-mean", "best-over-rounds", "last-k-max"
+RULE_OF_METRIC = {"best_acc": BEST_OVER_ROUNDS, "last_k_max_acc": LAST_K_MAX}
+_STATISTIC = {QUARTER_MEAN: "mean", BEST_OVER_ROUNDS: "best", LAST_K_MAX: "max"}
+
+
+@dataclass
+class PlateauCheck:
+    """One plateau rule applied to a run: the statistic it compares, ``last`` (the last quarter's mean or max,
+    or the best over all evaluations) against ``before`` (the quarter before, or the first three quarters)."""
+
+    rule: str
+    before: float
+    last: float
+
+    @property
+    def change(self) -> float:
+        return self.last - self.before
+
+    @property
+    def passes(self) -> bool:
+        return abs(self.change) <= PLATEAU_POINTS
+
+    def text(self) -> str:
+        return f"{_STATISTIC[self.rule]} {self.last:.2f} vs {self.before:.2f} before ({self.change:+.2f}, {self.rule})"
 
 
 @dataclass
@@ -35,6 +69,11 @@ class RunPlateau:
     quarter_before: float
     last_quarter: float
     status: str = "complete"
+    checks: list[PlateauCheck] = field(default_factory=list)  # the rules of its tables; none: the quarter means
+
+    def __post_init__(self) -> None:
+        if not self.checks:
+            self.checks = [PlateauCheck(QUARTER_MEAN, self.quarter_before, self.last_quarter)]
 
     @property
     def change(self) -> float:
@@ -43,7 +82,7 @@ class RunPlateau:
     @property
     def at_plateau(self) -> bool:
         # a diverged run has no plateau whatever its curve did before it stopped
-        return self.status == "complete" and abs(self.change) <= PLATEAU_POINTS
+        return self.status == "complete" and all(c.passes for c in self.checks)
 
 
 @dataclass
@@ -83,15 +122,28 @@ class StudyConvergence:
 def quarter_means(acc: np.ndarray) -> tuple[float, float] | None:
     """(mean of the quarter before the last, mean of the last quarter) of a run's evaluations, in order;
     None with fewer than 4 evaluations (no quarter to compare)."""
-    q = len(acc) // 4
+    check = plateau_check(acc, QUARTER_MEAN)
+    return None if check is None else (check.before, check.last)
+
+
+def plateau_check(acc: np.ndarray, rule: str) -> PlateauCheck | None:
+    """``rule`` applied to a run's test accuracies (in order of evaluation); None with fewer than 4 evaluations
+    (no quarter to compare)."""
+    n, q = len(acc), len(acc) // 4
     if q == 0:
         return None
-    n = len(acc)
-    return float(np.mean(acc[n - 2 * q:n - q])), float(np.mean(acc[n - q:]))
+    if rule == BEST_OVER_ROUNDS:
+        return PlateauCheck(rule, float(np.max(acc[:n - q])), float(np.max(acc)))
+    statistic = np.max if rule == LAST_K_MAX else np.mean
+    return PlateauCheck(rule, float(statistic(acc[n - 2 * q:n - q])), float(statistic(acc[n - q:])))
 
 
-def run_plateaus(runs: pd.DataFrame, summary: pd.DataFrame) -> tuple[list[RunPlateau], list[tuple[str, str, int]]]:
-    """Every run's quarter means (runs.csv rows: one per run and evaluation) and the runs too short to judge."""
+def run_plateaus(runs: pd.DataFrame, summary: pd.DataFrame,
+                 rules: dict[tuple[str, str], list[str]] | None = None
+                 ) -> tuple[list[RunPlateau], list[tuple[str, str, int]]]:
+    """Every run's plateau checks (runs.csv rows: one per run and evaluation), by the rules of the tables that show
+    it (``rules``: (setting, method) -> rules, plateau_rules; a run not in it: the quarter means), and the runs
+    too short to judge."""
     status = {(r.setting, r.method, int(r.seed)): r.status for r in summary.itertuples(index=False)}
     plateaus, short = [], []
     for (setting, method, seed), curve in runs.groupby(["setting", "method", "seed"], sort=True):
@@ -101,17 +153,32 @@ def run_plateaus(runs: pd.DataFrame, summary: pd.DataFrame) -> tuple[list[RunPla
         if means is None:
             short.append(key)
             continue
+        checks = [plateau_check(acc, rule) for rule in (rules or {}).get(key[:2], [QUARTER_MEAN])]
         plateaus.append(RunPlateau(*key, evaluations=len(acc), quarter_before=means[0], last_quarter=means[1],
-                                   status=status.get(key, "complete")))
+                                   status=status.get(key, "complete"), checks=checks))
     return plateaus, short
+
+
+def _accuracy_columns(spec: dict) -> set[int]:
+    # an `average_of` column is no cell of runs: its spread restates that of the cells it averages
+    return {j for j, c in enumerate(spec["columns"]) if "average_of" not in c and metric_key(spec, c).endswith("_acc")}
+
+
+def plateau_rules(tables: list[tuple[dict, pd.DataFrame]]) -> dict[tuple[str, str], list[str]]:
+    """(setting, method) -> the plateau rules of the metrics of the table accuracy cells that show its runs."""
+    rules: dict[tuple[str, str], set[str]] = {}
+    for spec, cells in tables:
+        n_cols, accuracy_cols = len(spec["columns"]), _accuracy_columns(spec)
+        for i, cell in enumerate(cells.itertuples(index=False)):
+            if i % n_cols in accuracy_cols:
+                rule = RULE_OF_METRIC.get(metric_key(spec, spec["columns"][i % n_cols]), QUARTER_MEAN)
+                rules.setdefault((str(cell.setting), str(cell.method)), set()).add(rule)
+    return {key: sorted(found) for key, found in rules.items()}
 
 
 def accuracy_cells(spec: dict, cells: pd.DataFrame) -> list[CellSpread]:
     """The table's accuracy cells (cost columns such as MB or seconds left out) with their seed sd."""
-    n_cols = len(spec["columns"])
-    # an `average_of` column is no cell of runs: its spread restates that of the cells it averages
-    accuracy_cols = {j for j, c in enumerate(spec["columns"])
-                     if "average_of" not in c and metric_key(spec, c).endswith("_acc")}
+    n_cols, accuracy_cols = len(spec["columns"]), _accuracy_columns(spec)
     out = []
     for i, cell in enumerate(cells.itertuples(index=False)):
         if i % n_cols not in accuracy_cols or cell.status not in ("ok", "partial") or cell.n_seeds < 2:
@@ -141,10 +208,16 @@ def chance_level(summary: pd.DataFrame) -> list[AtChance]:
 
 def study_convergence(study: str, runs: pd.DataFrame, summary: pd.DataFrame,
                       tables: list[tuple[dict, pd.DataFrame]]) -> StudyConvergence:
-    """A study's convergence: its runs' plateaus, its tables' accuracy cells' seed sd, methods at chance."""
-    plateaus, short = run_plateaus(runs, summary)
+    """A study's convergence: its runs' plateaus (each by the rules of the tables that show it), its tables'
+    accuracy cells' seed sd, methods at chance."""
+    plateaus, short = run_plateaus(runs, summary, plateau_rules(tables))
     cells = [c for spec, table_cells in tables for c in accuracy_cells(spec, table_cells)]
     return StudyConvergence(study, plateaus, short, cells, chance_level(summary))
+
+
+def _missed(run: RunPlateau) -> str:
+    """The checks a run misses, or, for a diverged run whose curve meets them, all its checks."""
+    return "; ".join(c.text() for c in ([c for c in run.checks if not c.passes] or run.checks))
 
 
 def _share(k: int, n: int) -> str:
@@ -155,10 +228,16 @@ def convergence_blocks(conv: StudyConvergence) -> tuple[list[str], list[tuple[st
     """The study's convergence section as statements (Markdown with **bold**) and tables (title, head, rows), for
     the scorecard to render as Markdown and HTML."""
     n_runs, n_cells = len(conv.runs), len(conv.cells)
+    judged = {rule: sum(rule in (c.rule for c in r.checks) for r in conv.runs) for rule in _STATISTIC}
     statements = [
-        f"Runs at their plateau (mean test accuracy of the last quarter of evaluations within {PLATEAU_POINTS:g} "
-        f"point of the quarter before): **{_share(conv.runs_at_plateau, n_runs)}** "
-        f"(target: at least {PLATEAU_TARGET:.0%}).",
+        f"Runs at their plateau, judged on the number their tables report, within {PLATEAU_POINTS:g} point: "
+        f"best-over-rounds cells, the best test accuracy over all evaluations against the best over the first "
+        f"three quarters; last-k-max cells (a max over a window), the max over the last quarter of evaluations "
+        f"against the max over the quarter before; other cells, the quarter-mean rule (the mean of the last "
+        f"quarter against the quarter before); a run in tables of several metrics meets each: "
+        f"**{_share(conv.runs_at_plateau, n_runs)}** (target: at least {PLATEAU_TARGET:.0%})."
+        + ("" if not n_runs else " Runs judged by " + ", ".join(f"{rule}: {k}" for rule, k in judged.items() if k)
+           + "."),
         f"Table accuracy cells whose seeds agree (sd at most {SEED_SD_POINTS:g} points): "
         f"**{_share(conv.cells_agreeing, n_cells)}** (target: at least {SEED_SD_TARGET:.0%}).",
     ]
@@ -175,10 +254,9 @@ def convergence_blocks(conv: StudyConvergence) -> tuple[list[str], list[tuple[st
     missed = [r for r in conv.runs if not r.at_plateau]
     if missed:
         tables.append(("Runs that miss the plateau rule",
-                       ["setting", "method", "seed", "evaluations", "quarter before", "last quarter", "change",
-                        "status"],
-                       [[r.setting, r.method, str(r.seed), str(r.evaluations), f"{r.quarter_before:.2f}",
-                         f"{r.last_quarter:.2f}", f"{r.change:+.2f}", r.status] for r in missed]))
+                       ["setting", "method", "seed", "evaluations", "plateau check (last vs before)", "status"],
+                       [[r.setting, r.method, str(r.seed), str(r.evaluations), _missed(r), r.status]
+                        for r in missed]))
     spread = [c for c in conv.cells if c.sd > SEED_SD_POINTS]
     if spread:
         tables.append((f"Cells whose seed sd exceeds {SEED_SD_POINTS:g} points",

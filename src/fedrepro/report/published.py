@@ -9,6 +9,12 @@ import pandas as pd
 
 COLUMNS = ["paper", "table", "row", "column", "mean", "std", "unit"]
 _KEY = ["paper", "table", "row", "column"]
+# How many trials each paper's printed mean ± sd is over, as its text says: FedDisco "mean ± std on 5 trials"
+# (Table 1), FedGTST "averaged over three runs", FedL2G "three trials", Feddle "repeated three times with
+# different random seeds". The standard error of a published difference needs it.
+TRIALS = {"feddisco": 5, "fedgtst": 3, "fedl2g": 3, "feddle": 3}
+# published tables whose ± is no spread over trials: FedDisco Table 10's is the sd over a run's last 10 rounds
+SD_NOT_OVER_TRIALS = {("feddisco", "Table 10")}
 
 
 def load_published(path: Path) -> pd.DataFrame:
@@ -56,3 +62,11 @@ def lookup(
     scale = 100.0 if percent and rec["unit"] == "fraction" else 1.0
     std = float(rec["std"])
     return float(rec["mean"]) * scale, (None if math.isnan(std) else std * scale)
+
+
+def trials_behind_sd(paper: str | None, table: str | None) -> int | None:
+    """The number of trials a published table's sds are over; None where the paper's is unknown or the table's
+    ± is a spread over something else (then its sds say nothing of the noise between trials)."""
+    if paper is None or (paper, table) in SD_NOT_OVER_TRIALS:
+        return None
+    return TRIALS.get(paper)

@@ -19,6 +19,8 @@ from fedrepro.config import column_refs
 from fedrepro.report.collect import write_text_atomic
 from fedrepro.report.convergence import StudyConvergence, convergence_blocks, study_convergence
 from fedrepro.report.derived import lower_is_better, metric_key
+from fedrepro.report.published import trials_behind_sd
+from fedrepro.report.tables import decimals
 
 EMBEDDED_STATEMENT = (
     "**Embedded scale.** These runs use small stand-in data sets that ship with scikit-learn, small "
@@ -42,16 +44,21 @@ SUMMARIES = {
 }
 HAVE_VALUE = ("ok", "partial")
 RANK_MIN_ROWS = 3  # Kendall's tau over fewer rows says little
+# a claim's place: it holds (fails) where the difference in its favour exceeds (falls below minus) NOISE_SE
+# standard errors, and is within noise otherwise
+NOISE_SE = 2
+HOLDS, FAILS, WITHIN_NOISE = "holds", "fails", "within noise"
 
 
 @dataclass
 class ClaimResult:
-    """One ranking claim, checked in our numbers and in the published ones."""
+    """One ranking claim, checked in our numbers and in the published ones: each a verdict line (the outcome,
+    the tally of its places, each place's difference ± its standard error)."""
 
     text: str
     ours: str
     paper: str
-    holds: bool | None  # None: our numbers cannot decide it (cells missing)
+    holds: bool | None  # in ours; None: within noise somewhere, or cells missing (and failing nowhere)
 
 
 @dataclass
@@ -132,41 +139,96 @@ def _beats(a: float, b: float, lower: bool) -> bool:
     return a <= b if lower else a >= b
 
 
-def _check(spec: dict, claim: dict, grid: list[list[float]]) -> tuple[int, int, list[str]]:
-    """(places where the claim holds, places it could be checked, names of the places it fails)."""
+@dataclass(frozen=True)
+class Estimate:
+    """A cell's mean with the sd (sample, ddof=1) and the number of seeds or trials behind it; sd NaN where
+    none is known (one seed, or none printed)."""
+
+    mean: float
+    sd: float
+    n: int
+
+
+@dataclass(frozen=True)
+class Place:
+    """One place a claim is checked: the difference of the two means in the claim's favour (for a
+    lower-is-better column, the other's minus the claimed one's) and its standard error (NaN: none known,
+    ``no_se`` says why; the outcome is then the sign's, a tie at two decimals holding); printed with the
+    decimals of the means compared."""
+
+    name: str
+    diff: float
+    se: float
+    no_se: str
+    sign_holds: bool
+    digits: int = 2
+
+    @property
+    def outcome(self) -> str:
+        if math.isnan(self.se):
+            return HOLDS if self.sign_holds else FAILS
+        if self.diff > NOISE_SE * self.se:
+            return HOLDS
+        return FAILS if self.diff < -NOISE_SE * self.se else WITHIN_NOISE
+
+    def text(self) -> str:
+        diff = f"{self.diff:+.{self.digits}f}"
+        if math.isnan(self.se):
+            return f"{self.name} {self.outcome}: {diff} ({self.no_se})"
+        return (f"{self.name} {self.outcome}: {diff} ± {self.se:.{self.digits}f} "
+                f"({NOISE_SE:g} SE {NOISE_SE * self.se:.{self.digits}f})")
+
+
+def _place(name: str, a: Estimate, b: Estimate, lower: bool, no_se: str) -> Place:
+    """Claimed cell ``a`` against ``b``; SE of a difference of two independent means: sqrt(sd_a²/n_a + sd_b²/n_b)."""
+    diff = b.mean - a.mean if lower else a.mean - b.mean
+    se = math.sqrt(a.sd ** 2 / a.n + b.sd ** 2 / b.n) if min(a.n, b.n) > 0 else math.nan
+    return Place(name, diff, se, no_se, _beats(a.mean, b.mean, lower), max(decimals(a.mean), decimals(b.mean)))
+
+
+def _places(spec: dict, claim: dict, grid: list[list[Estimate]], no_se: str) -> list[Place]:
+    """The places the claim can be checked in ``grid`` (those with both means); a `best` claim's place pits the
+    claimed row against the strongest other row of the column."""
     lower = [lower_is_better(metric_key(spec, c)) for c in spec["columns"]]
     col_label = [c["label"] for c in spec["columns"]]
     row_label = [r["label"] for r in spec["rows"]]
-    checks: list[tuple[str, bool | None]] = []
+    places = []
     if "best" in claim:
         i = _row_index(spec, claim["best"])
         for j in _columns_of(spec, claim["columns"]):
-            others = [line[j] for k, line in enumerate(grid) if k != i and not math.isnan(line[j])]
-            mine = grid[i][j]
-            ok = None if math.isnan(mine) or not others else all(_beats(mine, o, lower[j]) for o in others)
-            checks.append((col_label[j], ok))
+            others = [k for k, line in enumerate(grid) if k != i and not math.isnan(line[j].mean)]
+            if math.isnan(grid[i][j].mean) or not others:
+                continue
+            column = [line[j].mean for line in grid]
+            k = (min if lower[j] else max)(others, key=column.__getitem__)
+            places.append(_place(f"{col_label[j]} (vs {row_label[k]})", grid[i][j], grid[k][j], lower[j], no_se))
     elif "better" in claim:
         i, k = _row_index(spec, claim["better"]), _row_index(spec, claim["than"])
         for j in _columns_of(spec, claim["columns"]):
-            a, b = grid[i][j], grid[k][j]
-            checks.append((col_label[j], None if math.isnan(a) or math.isnan(b) else _beats(a, b, lower[j])))
+            if not (math.isnan(grid[i][j].mean) or math.isnan(grid[k][j].mean)):
+                places.append(_place(col_label[j], grid[i][j], grid[k][j], lower[j], no_se))
     else:
         j, k = _column_index(spec, claim["better_column"]), _column_index(spec, claim["than_column"])
         rows = range(len(grid)) if claim["rows"] is None else [_row_index(spec, m) for m in claim["rows"]]
         for i in rows:
-            a, b = grid[i][j], grid[i][k]
-            checks.append((row_label[i], None if math.isnan(a) or math.isnan(b) else _beats(a, b, lower[j])))
-    decided = [(name, ok) for name, ok in checks if ok is not None]
-    return sum(ok for _, ok in decided), len(decided), [name for name, ok in decided if not ok]
+            if not (math.isnan(grid[i][j].mean) or math.isnan(grid[i][k].mean)):
+                places.append(_place(row_label[i], grid[i][j], grid[i][k], lower[j], no_se))
+    return places
 
 
-def _verdict(holds: int, checked: int, total: int, failing: list[str]) -> str:
-    if checked == 0:
-        return "not checkable (no numbers)"
-    missing = f"; {total - checked} of {total} without numbers" if checked < total else ""
-    if holds == checked:
-        return f"holds ({holds}/{checked}){missing}"
-    return f"fails ({holds}/{checked} hold; not in {', '.join(failing)}){missing}"
+def _verdict(places: list[Place], total: int) -> tuple[str | None, str]:
+    """(the claim's outcome, None if no place could be checked; the verdict line): it holds if it holds in every
+    place, fails if it fails in any, and is within noise otherwise; then each place's difference."""
+    if not places:
+        return None, "not checkable (no numbers)"
+    count = {o: sum(p.outcome == o for p in places) for o in (HOLDS, FAILS, WITHIN_NOISE)}
+    n = len(places)
+    outcome = FAILS if count[FAILS] else HOLDS if count[HOLDS] == n else WITHIN_NOISE
+    words = {HOLDS: "hold", FAILS: "fail", WITHIN_NOISE: "within noise"}
+    tally = f"{n} of {n}" if outcome == HOLDS else ", ".join(
+        f"{k} {words[o]}" for o, k in count.items() if k) + f" of {n}"
+    missing = f"; {total - n} of {total} without numbers" if n < total else ""
+    return outcome, f"{outcome} ({tally}){missing}: " + "; ".join(p.text() for p in places)
 
 
 def claim_text(spec: dict, claim: dict) -> str:
@@ -183,17 +245,29 @@ def claim_text(spec: dict, claim: dict) -> str:
     return f"column {claim['better_column']} beats column {claim['than_column']} in {rows}"
 
 
-def check_claims(spec: dict, cells: pd.DataFrame) -> list[ClaimResult]:
-    """Each of the table's `claims`, checked in our means and in the published means."""
-    ours, paper = _grid(spec, cells, "ours_mean"), _grid(spec, cells, "paper_mean")
+def _estimates(means: list[list[float]], sds: list[list[float]], ns: list[list[float]]) -> list[list[Estimate]]:
+    return [[Estimate(m, s, 0 if math.isnan(n) else int(n)) for m, s, n in zip(*lines, strict=True)]
+            for lines in zip(means, sds, ns, strict=True)]
+
+
+def check_claims(spec: dict, cells: pd.DataFrame, trials: int | None = None) -> list[ClaimResult]:
+    """Each of the table's `claims`, checked in our means (sd over the cell's seeds) and in the published ones
+    (their printed sd over ``trials``, the paper's trial count; None: the table's sds are not over trials)."""
+    ours = _estimates(_grid(spec, cells, "ours_mean"), _grid(spec, cells, "ours_std"), _grid(spec, cells, "n_seeds"))
+    paper_mean = _grid(spec, cells, "paper_mean")
+    paper_sd = _grid(spec, cells, "paper_std") if trials else [[math.nan] * len(line) for line in paper_mean]
+    paper = _estimates(paper_mean, paper_sd, [[trials or 0] * len(line) for line in paper_mean])
+    paper_no_se = "no sd printed" if trials else "no sd over trials printed"
     out = []
     for claim in spec.get("claims", []):
         claim = {"columns": None, "rows": None, **claim}
         total = _n_places(spec, claim)
-        h, n, failing = _check(spec, claim, ours)
-        ph, pn, pfailing = _check(spec, claim, paper)
-        out.append(ClaimResult(claim_text(spec, claim), _verdict(h, n, total, failing),
-                               _verdict(ph, pn, total, pfailing), None if n < total else h == n))
+        ours_places = _places(spec, claim, ours, "1 seed")
+        outcome, ours_text = _verdict(ours_places, total)
+        _, paper_text = _verdict(_places(spec, claim, paper, paper_no_se), total)
+        # a claim holds only where it holds in every place it makes; one place against it is enough to fail
+        holds = False if outcome == FAILS else (True if outcome == HOLDS and len(ours_places) == total else None)
+        out.append(ClaimResult(claim_text(spec, claim), ours_text, paper_text, holds))
     return out
 
 
@@ -215,8 +289,9 @@ def _rank_tau(ours: list[list[float]], paper: list[list[float]]) -> float:
     return sum(taus) / len(taus) if taus else math.nan
 
 
-def score_table(study: str, spec: dict, cells: pd.DataFrame) -> TableScore:
-    """The scorecard line of one table from its tidy cell CSV (``render_table``'s frame)."""
+def score_table(study: str, spec: dict, cells: pd.DataFrame, trials: int | None = None) -> TableScore:
+    """The scorecard line of one table from its tidy cell CSV (``render_table``'s frame); ``trials``: how many
+    trials the published sds are over (check_claims)."""
     ours, paper = _grid(spec, cells, "ours_mean"), _grid(spec, cells, "paper_mean")
     std = [v for line in _grid(spec, cells, "paper_std") for v in line]
     flat = [(o, p, s) for o, p, s in zip([v for line in ours for v in line], [v for line in paper for v in line],
@@ -232,7 +307,7 @@ def score_table(study: str, spec: dict, cells: pd.DataFrame) -> TableScore:
         mean_abs_diff=sum(d for d, _ in both) / len(both) if both else math.nan,
         max_abs_diff=max((d for d, _ in both), default=math.nan),
         with_std=len(with_std), within_2sd=sum(d <= 2 * s for d, s in with_std),
-        rank_tau=_rank_tau(ours, paper), claims=check_claims(spec, cells),
+        rank_tau=_rank_tau(ours, paper), claims=check_claims(spec, cells, trials),
     )
 
 
@@ -274,8 +349,14 @@ def _intro(scale: str) -> list[str]:
         EMBEDDED_STATEMENT if scale == "embedded" else PAPER_STATEMENT,
         "Rank agreement: Kendall's τ between our and the published means of the rows of each column, "
         f"averaged over the columns with at least {RANK_MIN_ROWS} such rows (+1: same order, −1: reversed). "
-        "A claim is checked in our means and, to check the claim itself, in the published ones; ties at "
-        "two decimals count as holding.",
+        "A claim is checked in our means and, to check the claim itself, in the published ones, at each of its "
+        "places (a column, or a row for a claim between columns; a “best” claim's place pits the claimed row "
+        "against the strongest other row). There the difference of the two means in the claim's favour **holds** "
+        f"when it exceeds {NOISE_SE:g} standard errors, **fails** when it falls below minus {NOISE_SE:g} SE, and is "
+        "**within noise** otherwise; SE = sqrt(sd_a²/n_a + sd_b²/n_b), from our sd over seeds (sample sd) or "
+        "the published sd over the paper's trials. Without an sd (one seed, or none printed) the sign decides, "
+        "ties at two decimals holding. A claim holds if it holds in every place, fails if it fails in any, "
+        "and is within noise otherwise.",
     ]
 
 
@@ -316,7 +397,9 @@ def study_markdown(study: str, scores: list[TableScore], scale: str, heading: st
     claims = _claim_rows(scores)
     if claims:
         held = sum(c.holds is True for s in scores for c in s.claims)
-        lines += ["", f"Ranking claims of the paper: {held} of {len(claims)} hold in our numbers.", ""]
+        failed = sum(c.holds is False for s in scores for c in s.claims)
+        lines += ["", f"Ranking claims of the paper: {held} of {len(claims)} hold in our numbers, {failed} fail, "
+                  f"{len(claims) - held - failed} within noise or without numbers.", ""]
         lines += _md_table(["table", "claim", "in the published numbers", "in ours"], claims)
     if convergence is not None:
         lines += ["", *convergence_markdown(convergence, heading + "#")]
@@ -345,12 +428,12 @@ def render_markdown(scores: list[TableScore], scale: str, coverage: dict[str, tu
 _CSS = """body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:80em}
 table{border-collapse:collapse;margin:.5em 0 1.5em}th,td{border-bottom:1px solid #ddd;padding:.3em .6em;
 text-align:left;vertical-align:top}th{background:#f3f3f3}.holds{color:#1a7f37}.fails{color:#b42318}
-.na{color:#777}"""
+.noise{color:#9a6700}.na{color:#777}"""
 
 
 def _html_cell(text: str) -> str:
-    cls = "holds" if text.startswith("holds") else "fails" if text.startswith("fails") else (
-        "na" if text.startswith("not checkable") else "")
+    cls = next((c for prefix, c in ((HOLDS, "holds"), (FAILS, "fails"), (WITHIN_NOISE, "noise"),
+                                     ("not checkable", "na")) if text.startswith(prefix)), "")
     return f'<td class="{cls}">{html.escape(text)}</td>' if cls else f"<td>{html.escape(text)}</td>"
 
 
@@ -394,12 +477,16 @@ def render_html(scores: list[TableScore], scale: str, coverage: dict[str, tuple[
 
 def build_scorecard(tables: list[tuple[str, dict, Path]], scale: str, md_out: Path, html_out: Path,
                     coverage: dict[str, tuple[int, int]] | None = None,
-                    runs: dict[str, tuple[Path, Path]] | None = None) -> list[TableScore]:
+                    runs: dict[str, tuple[Path, Path]] | None = None,
+                    papers: dict[str, str | None] | None = None) -> list[TableScore]:
     """Score every (study, table spec, cell CSV) and write the Markdown and HTML scorecards, with each
     study's published cells shown / published cells (``coverage``, fedrepro.report.coverage) and, given its
-    (runs.csv, summary.csv) in ``runs``, its convergence section (fedrepro.report.convergence)."""
+    (runs.csv, summary.csv) in ``runs``, its convergence section (fedrepro.report.convergence); ``papers``:
+    study -> its paper's key, whose trial count (fedrepro.report.published.TRIALS) gives the published sds' SE."""
     cells = [(study, spec, pd.read_csv(path)) for study, spec, path in tables]
-    scores = [score_table(study, spec, table_cells) for study, spec, table_cells in cells]
+    scores = [score_table(study, spec, table_cells,
+                          trials_behind_sd((papers or {}).get(study), spec.get("paper_table")))
+              for study, spec, table_cells in cells]
     convergence = {
         study: study_convergence(study, pd.read_csv(runs_csv), pd.read_csv(summary_csv),
                                  [(spec, c) for s, spec, c in cells if s == study])
