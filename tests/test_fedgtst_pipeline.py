@@ -158,12 +158,12 @@ def test_pretrain_finetune_aggregate_table_and_figures(tmp_path, data_dir):
     assert cells.loc["fedavg", "paper_mean"] == pytest.approx(73.8)
     assert "target-domain test accuracy" in (tmp_path / "t1.md").read_text()
 
-    for name, kind, y, source in (("fig1", "finetune_curve", "test_acc", res / "finetune_curves.csv"),
-                                  ("fig2", "curve", "jac_norm", res / "runs.csv")):
+    for name, kind, y, sources in (("fig1", "finetune_curve", "test_acc", [res / "finetune_curves.csv"]),
+                                   ("fig2", "curve", "jac_norm", [res / "runs.csv", res / "summary.csv"])):
         fspec = {"name": name, "kind": kind, "y": y, "caption": name,
                  "settings": [{"setting": "k4", "label": "digits"}],
                  "methods": [{"method": "fedavg", "label": "FedAvg"}, {"method": "fedgtst", "label": "FedGTST"}]}
-        pipeline.figure(fspec, [source], tmp_path / name, log)
+        pipeline.figure(fspec, sources, tmp_path / name, log)
         assert (tmp_path / f"{name}.png").stat().st_size > 0
 
 

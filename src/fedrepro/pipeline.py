@@ -228,6 +228,8 @@ def figure(spec: dict, inputs: list[Path], out_stem: Path, log: Callable[[str], 
         path = seed_file(spec, Path(inputs[1]), TRUE_UPDATES, "logs no true update (set async.true_update)")
         with np.load(path) as f:
             render_update_cosine(spec, pd.read_csv(inputs[0]), {k: f[k] for k in f.files}, Path(out_stem))
+    elif kind == "curve":  # runs.csv, and summary.csv: which seeds diverged
+        figures.render_curves(spec, pd.read_csv(inputs[0]), Path(out_stem), pd.read_csv(inputs[1]))
     elif kind == "sweep_line":  # summary.csv, and runs.csv for a metric derived from the curves (last_k_max_acc)
         from fedrepro.report.derived import add_derived
 
@@ -243,7 +245,7 @@ def figure(spec: dict, inputs: list[Path], out_stem: Path, log: Callable[[str], 
         stats = {seed: json.loads(Path(p).read_text()) for seed, p in zip(spec["seeds"], inputs[1:], strict=True)}
         figures_feddisco.render_weight_probe(spec, pd.read_csv(inputs[0]), stats, Path(out_stem))
     else:
-        render = {"curve": figures.render_curves, "gain_grid": figures_feddisco.render_gain_grid,
+        render = {"gain_grid": figures_feddisco.render_gain_grid,
                   "gain_lines": figures_feddisco.render_gain_lines,
                   "per_class": figures_feddisco.render_per_class,
                   "negative_effect": figures_fedl2g.render_negative_effect}[kind]

@@ -63,6 +63,26 @@ def summarize(result: RunResult, last_k: int) -> dict:
     }
 
 
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name: Linux's /proc/cpuinfo "model name", else platform.processor(), else "unknown"."""
+    try:
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
+    except OSError:  # no /proc (macOS, Windows)
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine() -> dict:
+    """What produced a run's numbers: the CPU model, torch's CPU capability (the vector instructions its kernels
+    use, e.g. AVX512: results can differ in the last bits between capabilities), torch's version and the CPU
+    threads torch uses."""
+    return {"cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "torch": torch.__version__, "threads": torch.get_num_threads()}
+
+
 def write_run(out_dir: Path, spec: dict, seed: int, result: RunResult, device: torch.device) -> None:
     """metrics.csv and summary.json of one seed; summary.json last, so it marks a finished run."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -80,7 +100,7 @@ def write_run(out_dir: Path, spec: dict, seed: int, result: RunResult, device: t
         "rounds": spec["training"]["rounds"], "last_k": spec["training"]["last_k"],
         **summarize(result, spec["training"]["last_k"]),
         "per_class_acc": result.per_class_acc,
-        "seconds": last.get("seconds"), "config": spec, "device": str(device),
+        "seconds": last.get("seconds"), "config": spec, "device": str(device), "machine": machine(),
         # what an engine's result adds (the heterogeneous engine: per-client accuracies)
         **{k: v for k, v in vars(result).items() if k not in {f.name for f in dataclasses.fields(RunResult)}},
         "versions": {"fedrepro": fedrepro.__version__, "python": platform.python_version(),

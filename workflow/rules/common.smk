@@ -176,12 +176,14 @@ def table_runs(wildcards):
 
 
 def figure_inputs(wildcards):
-    """runs.csv for curves and negative effects, finetune_curves.csv for fine-tuning curves, partition stats
-    for partition plots, summary.csv and every seed's partition stats for weight probes, summary.csv (and
-    runs.csv: sweep_line) for the rest."""
+    """runs.csv for negative effects, runs.csv and summary.csv (which seeds diverged) for curves,
+    finetune_curves.csv for fine-tuning curves, partition stats for partition plots, summary.csv and every
+    seed's partition stats for weight probes, summary.csv (and runs.csv: sweep_line) for the rest."""
     f = study_of(wildcards)["figures"][wildcards.figure]
-    if f["kind"] in ("curve", "negative_effect"):
+    if f["kind"] == "negative_effect":
         return [f"{RES}/{wildcards.study}/runs.csv"]
+    if f["kind"] == "curve":
+        return [f"{RES}/{wildcards.study}/runs.csv", f"{RES}/{wildcards.study}/summary.csv"]
     if f["kind"] == "finetune_curve":
         return [f"{RES}/{wildcards.study}/finetune_curves.csv"]
     if f["kind"] in ("partition", "class_histogram"):

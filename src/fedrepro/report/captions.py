@@ -22,7 +22,8 @@ SUMMARY_WORDS = {
 }
 KINDS = {
     "curve": "{y} per round, one panel per setting, one colour per method (the same in every figure of every "
-             "study); line: mean over seeds, band: ±1 sd over seeds",
+             "study); line: mean over the seeds that completed, band: ±1 sd over seeds (the same ones); a diverged "
+             "seed: its own thin line, a cross where it stopped",
     "finetune_curve": "{y} on the target domain per fine-tuning epoch, one colour per method; line: mean over "
                       "seeds, band: ±1 sd over seeds",
     "partition": "samples per class (rows) and client (columns) of the seed-{seed} partition, one panel per "

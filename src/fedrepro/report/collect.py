@@ -25,6 +25,9 @@ SUMMARY_COLUMNS = [
 STATUSES = {"complete", "diverged"}
 # Optional per-run list (test accuracy per class, percent), carried as a JSON string; "" when absent.
 PER_CLASS = "per_class_acc"
+# Optional per-run keys of summary.json's "machine" block (fedrepro.train.machine): which CPU, and which of
+# torch's CPU kernels, produced the run; "" for the runs recorded without one.
+MACHINE = ["cpu", "cpu_capability"]
 
 
 class RunDataError(ValueError):
@@ -56,6 +59,11 @@ def _read_summary(path: Path) -> dict:
         if not isinstance(per_class, list) or not all(_is_number_or_null(v) for v in per_class):
             raise RunDataError(f"run summary {path}: {PER_CLASS} is not a list of numbers")
         row[PER_CLASS] = json.dumps(per_class)
+    machine = data.get("machine")
+    if machine is not None:
+        if not isinstance(machine, dict):
+            raise RunDataError(f"run summary {path}: machine is not a JSON object")
+        row |= {k: str(machine.get(k) or "") for k in MACHINE}
     return row
 
 
@@ -93,8 +101,8 @@ def collect_runs(run_dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
 
     runs: one row per run and evaluation round (run keys + every metrics.csv column);
     summary: one row per run (``SUMMARY_COLUMNS``, plus ``per_class_acc`` as a JSON list string when
-    any run's summary.json has one; "" for the runs without). Raises FileNotFoundError / RunDataError
-    naming the offending file.
+    any run's summary.json has one, and the ``MACHINE`` columns when any has a machine block; "" for the
+    runs without). Raises FileNotFoundError / RunDataError naming the offending file.
     """
     frames: list[pd.DataFrame] = []
     rows: list[dict] = []
@@ -111,9 +119,10 @@ def collect_runs(run_dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
         frames.append(metrics.assign(**{k: summary[k] for k in KEYS}))
 
     has_per_class = any(PER_CLASS in row for row in rows)
-    summary_df = pd.DataFrame(rows, columns=SUMMARY_COLUMNS + [PER_CLASS] * has_per_class)
-    if has_per_class:
-        summary_df[PER_CLASS] = summary_df[PER_CLASS].fillna("").astype(str)
+    has_machine = any(MACHINE[0] in row for row in rows)
+    optional = [PER_CLASS] * has_per_class + MACHINE * has_machine
+    summary_df = pd.DataFrame(rows, columns=SUMMARY_COLUMNS + optional)
+    summary_df[optional] = summary_df[optional].fillna("").astype(str)
     summary_df = summary_df.astype({"seed": "int64", "diverged_round": "Int64", "last_k": "Int64"})
     for col in ("final_acc", "best_acc", "last_k_acc", "seconds"):
         summary_df[col] = pd.to_numeric(summary_df[col], errors="coerce").astype("float64")

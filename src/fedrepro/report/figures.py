@@ -7,6 +7,7 @@ kind; paper-specific kinds live beside this module (``figures_feddisco``).
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 import matplotlib as mpl
@@ -15,6 +16,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from fedrepro.io import atomic_write
@@ -28,6 +30,9 @@ BANDS = {
     "ci": (("ci", 95), "band: 95% bootstrap CI over seeds"),
 }
 MAX_COLS = 4
+# quantities in percent (their words end in "(%)"): an axis of one stays within 0-100
+PERCENT = {name for name, words in QUANTITIES.items() if words.endswith("(%)")}
+DIVERGED_WIDTH = 0.8  # a diverged seed's own line: thinner than the methods' means
 
 
 def _save_atomic(fig: Figure, path: Path, **kwargs) -> None:
@@ -75,8 +80,38 @@ def save_figure(fig: Figure, out_stem: Path) -> None:
     _save_atomic(fig, out_stem.parent / (out_stem.name + ".pdf"), metadata={"CreationDate": None})
 
 
-def render_curves(spec: dict, runs: pd.DataFrame, out_stem: Path) -> None:
-    """Write ``out_stem``.png (150 dpi) and .pdf: mean curve per method with a band over seeds.
+def diverged_runs(summary: pd.DataFrame | None) -> set[tuple[str, str, int]]:
+    """(setting, method, seed) of every run summary.csv's ``status`` says diverged; none without a summary."""
+    if summary is None:
+        return set()
+    missing = [c for c in ("setting", "method", "seed", "status") if c not in summary.columns]
+    if missing:
+        raise ValueError(f"summary lacks columns {missing}")
+    gone = summary[summary["status"] == "diverged"]
+    return set(zip(gone["setting"].astype(str), gone["method"].astype(str), gone["seed"].astype(int), strict=True))
+
+
+def _seed_list(seeds: list[int]) -> str:
+    return ("seed " if len(seeds) == 1 else "seeds ") + ", ".join(map(str, sorted(seeds)))
+
+
+def _diverged_text(label: str, panels: list[tuple[str | None, list[int], int]]) -> str:
+    """The legend entry of a method's diverged seeds: per panel (its label, None alone in the figure; the
+    diverged seeds; all its seeds), which seeds diverged and how many seeds its mean is over."""
+    parts = []
+    for where, seeds, total in panels:
+        done = total - len(seeds)
+        mean = f"mean over {done} of {total} seeds" if done else "no mean"
+        parts.append(f"{_seed_list(seeds)}{f' in {where}' if where else ''}, {mean}")
+    # wrapped: a figure of many panels would otherwise get a legend wider than itself
+    return textwrap.fill(f"{label}: × diverged ({'; '.join(parts)})", 90)
+
+
+def render_curves(spec: dict, runs: pd.DataFrame, out_stem: Path, summary: pd.DataFrame | None = None) -> Figure:
+    """Write ``out_stem``.png (150 dpi) and .pdf and return the figure: mean curve per method with a band over
+    the seeds that completed; each diverged seed (``summary``'s status; without a summary every seed counts as
+    complete) is its own thin line ending in a cross at its last logged point, outside the mean, so the mean
+    never jumps where a seed stops. An accuracy axis (a percentage) stays within 0-100.
 
     spec: name, caption, kind="curve", settings [{setting, label}], methods [{method, label}],
     optional y (default test_acc), x (default round), band ("sd", default, or "ci"), max_round (show
@@ -99,12 +134,17 @@ def render_curves(spec: dict, runs: pd.DataFrame, out_stem: Path) -> None:
         data = data[data[x] <= spec["max_round"]]
     if data.empty:
         raise ValueError(f"figure {spec.get('name')}: no runs for its settings and methods")
+    gone = diverged_runs(summary)
     # A diverged run can log inf; drop those points rather than let them blow up the axis.
     data = data.assign(
-        method_label=data["method"].map(to_label), **{y: data[y].replace([np.inf, -np.inf], np.nan)}
+        method_label=data["method"].map(to_label), **{y: data[y].replace([np.inf, -np.inf], np.nan)},
+        diverged=[key in gone for key in zip(data["setting"].astype(str), data["method"].astype(str),
+                                              data["seed"].astype(int), strict=True)],
     )
-    seeds = sorted(set(data.groupby(["setting", "method"])["seed"].nunique()))
-    n_text = f"n = {seeds[0]}" if len(seeds) == 1 else f"n = {seeds[0]}–{seeds[-1]}"
+    complete = data[~data["diverged"]]
+    seeds = sorted(set(complete.groupby(["setting", "method"])["seed"].nunique()))
+    n_text = ("no seed completed" if not seeds else f"n = {seeds[0]}" if len(seeds) == 1
+              else f"n = {seeds[0]}–{seeds[-1]}")
 
     ncols, nrows = grid_shape(len(settings))
     palette, dashes = method_palette(labels), method_dashes(labels)
@@ -113,6 +153,7 @@ def render_curves(spec: dict, runs: pd.DataFrame, out_stem: Path) -> None:
         fig = new_figure(max(3.8 * ncols, 7.0), 3.0 * nrows + 1.2)
         axes = panel_axes(fig, len(settings))
         handles: dict[str, object] = {}
+        diverged: dict[str, list[tuple[str | None, list[int], int]]] = {}
         for ax, setting in zip(axes, settings, strict=True):
             panel = data[data["setting"] == setting["setting"]]
             ax.set_title(setting["label"])
@@ -123,37 +164,65 @@ def render_curves(spec: dict, runs: pd.DataFrame, out_stem: Path) -> None:
             if panel[y].notna().sum() == 0:
                 ax.text(0.5, 0.5, "no runs", transform=ax.transAxes, ha="center", va="center", color="0.4")
                 continue
-            present = [lab for lab in labels if lab in set(panel.loc[panel[y].notna(), "method_label"])]
-            sns.lineplot(
-                data=panel[panel["method_label"].isin(present)],
-                x=x,
-                y=y,
-                hue="method_label",
-                hue_order=present,
-                palette=palette,
-                style="method_label",
-                style_order=present,
-                dashes=dashes,
-                errorbar=errorbar,
-                seed=0,
-                ax=ax,
-            )
+            done = panel[~panel["diverged"] & panel[y].notna()]
+            present = [lab for lab in labels if lab in set(done["method_label"])]
+            if present:
+                sns.lineplot(
+                    data=done[done["method_label"].isin(present)],
+                    x=x,
+                    y=y,
+                    hue="method_label",
+                    hue_order=present,
+                    palette=palette,
+                    style="method_label",
+                    style_order=present,
+                    dashes=dashes,
+                    errorbar=errorbar,
+                    seed=0,
+                    ax=ax,
+                )
+            _draw_diverged(ax, panel, x, y, palette, None if len(settings) == 1 else setting["label"], diverged)
             if spec.get("log_y"):
                 ax.set_yscale("log")
+            if y in PERCENT:  # an sd band around a mean near 100% must not push the axis past 100%
+                low, high = ax.get_ylim()
+                ax.set_ylim(max(low, 0.0), min(high, 100.0))
             for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
                 handles.setdefault(lab, h)
             if ax.get_legend() is not None:
                 ax.get_legend().remove()
         order = [lab for lab in labels if lab in handles]
+        for lab in labels:
+            if lab in diverged:
+                text = _diverged_text(lab, diverged[lab])
+                handles[text] = Line2D([], [], color=palette[lab], linewidth=DIVERGED_WIDTH, marker="x")
+                order.append(text)
         fig.legend(
             [handles[lab] for lab in order],
             order,
             loc="outside lower center",
-            ncols=min(len(order), 6),
-            title=f"method (line: mean over seeds; {band_text}, {n_text})",
+            ncols=min(len(order), 6 if not diverged else 2),
+            title=f"method (line: mean over the seeds that completed; {band_text}, {n_text})",
         )
         fig.suptitle(figure_title(spec), wrap=True)  # long captions wrap, never clip
         save_figure(fig, out_stem)
+    return fig
+
+
+def _draw_diverged(ax, panel: pd.DataFrame, x: str, y: str, palette: dict[str, str], where: str | None,
+                   diverged: dict[str, list[tuple[str | None, list[int], int]]]) -> None:
+    """Each diverged seed of the panel as a thin line with a cross at its last logged point; records per method
+    label (where, its diverged seeds, all its seeds) in ``diverged`` for the legend."""
+    for label, rows in panel.groupby("method_label", sort=False):
+        gone = sorted(rows.loc[rows["diverged"], "seed"].unique())
+        if not gone or rows[y].isna().all():  # a method that does not log y is left out, as for the means
+            continue
+        diverged.setdefault(label, []).append((where, [int(s) for s in gone], rows["seed"].nunique()))
+        for seed in gone:
+            logged = rows[(rows["seed"] == seed) & rows[y].notna()].sort_values(x)
+            if len(logged):  # a run that diverged before its first evaluation has no point to draw
+                ax.plot(logged[x], logged[y], color=palette[label], linewidth=DIVERGED_WIDTH, marker="x",
+                        markevery=[len(logged) - 1], markersize=7, markeredgewidth=1.5)
 
 
 SWEEP_METRICS = {

@@ -16,7 +16,7 @@ import pandas as pd
 from scipy.stats import kendalltau
 
 from fedrepro.config import column_refs
-from fedrepro.report.collect import write_text_atomic
+from fedrepro.report.collect import MACHINE, write_text_atomic
 from fedrepro.report.convergence import StudyConvergence, convergence_blocks, study_convergence
 from fedrepro.report.derived import lower_is_better, metric_key
 from fedrepro.report.published import trials_behind_sd
@@ -372,6 +372,17 @@ def coverage_line(shown_total: tuple[int, int] | list[int], what: str = "") -> s
     return f"Published cells shown{what}: {shown} / {total}."
 
 
+def machines_line(summary: pd.DataFrame) -> str | None:
+    """Which machines a study's runs (summary.csv) came from: each distinct CPU model and torch CPU capability
+    with its number of runs, most runs first; None when no run recorded its machine."""
+    if not set(MACHINE) <= set(summary.columns):
+        return None
+    machines = summary[MACHINE].fillna("").replace("", "not recorded")
+    counts = machines.value_counts(sort=False).sort_index().sort_values(ascending=False, kind="stable")
+    parts = [f"{cpu} ({capability}): {n} run{'s' * (n != 1)}" for (cpu, capability), n in counts.items()]
+    return f"Machines (CPU, torch CPU capability) the runs came from: {'; '.join(parts)}."
+
+
 def convergence_markdown(conv: StudyConvergence, heading: str = "###") -> list[str]:
     """A study's convergence subsection: runs at their plateau, cells' seed sd, methods at chance, and the runs
     and cells that miss by name."""
@@ -386,12 +397,14 @@ def convergence_markdown(conv: StudyConvergence, heading: str = "###") -> list[s
 
 def study_markdown(study: str, scores: list[TableScore], scale: str, heading: str = "##",
                    coverage: tuple[int, int] | None = None,
-                   convergence: StudyConvergence | None = None) -> list[str]:
-    """One study's section: how many published cells it shows, the table of tables, its claims, then whether its
-    runs are finished (``convergence``)."""
+                   convergence: StudyConvergence | None = None, machines: str | None = None) -> list[str]:
+    """One study's section: how many published cells it shows, the machines its runs came from (``machines``:
+    machines_line), the table of tables, its claims, then whether its runs are finished (``convergence``)."""
     lines = [f"{heading} {study}", ""]
     if coverage is not None:
         lines += [coverage_line(coverage), ""]
+    if machines:
+        lines += [machines, ""]
     head, rows = _table_rows(scores, scale)
     lines += _md_table(head, rows)
     claims = _claim_rows(scores)
@@ -411,9 +424,10 @@ def _overall(coverage: dict[str, tuple[int, int]]) -> tuple[int, int]:
 
 
 def render_markdown(scores: list[TableScore], scale: str, coverage: dict[str, tuple[int, int]] | None = None,
-                    convergence: dict[str, StudyConvergence] | None = None) -> str:
+                    convergence: dict[str, StudyConvergence] | None = None,
+                    machines: dict[str, str | None] | None = None) -> str:
     """The whole scorecard as Markdown; ``coverage``: study -> (published cells shown, published cells);
-    ``convergence``: study -> its runs' plateaus and cells' seed sd."""
+    ``convergence``: study -> its runs' plateaus and cells' seed sd; ``machines``: study -> machines_line."""
     lines = ["# Scorecard: the papers' tables regenerated", ""]
     for para in _intro(scale):
         lines += [para, ""]
@@ -421,7 +435,8 @@ def render_markdown(scores: list[TableScore], scale: str, coverage: dict[str, tu
         lines += [coverage_line(_overall(coverage), f", all studies ({scale} scale)"), ""]
     for study in dict.fromkeys(s.study for s in scores):
         lines += study_markdown(study, [s for s in scores if s.study == study], scale,
-                                coverage=(coverage or {}).get(study), convergence=(convergence or {}).get(study))
+                                coverage=(coverage or {}).get(study), convergence=(convergence or {}).get(study),
+                                machines=(machines or {}).get(study))
     return "\n".join(lines)
 
 
@@ -451,7 +466,8 @@ def _md_inline(text: str) -> str:
 
 
 def render_html(scores: list[TableScore], scale: str, coverage: dict[str, tuple[int, int]] | None = None,
-                convergence: dict[str, StudyConvergence] | None = None) -> str:
+                convergence: dict[str, StudyConvergence] | None = None,
+                machines: dict[str, str | None] | None = None) -> str:
     """The whole scorecard as a standalone HTML page (for the Snakemake report)."""
     body = ["<h1>Scorecard: the papers' tables regenerated</h1>", *(f"<p>{_md_inline(p)}</p>" for p in _intro(scale))]
     if coverage:
@@ -461,6 +477,8 @@ def render_html(scores: list[TableScore], scale: str, coverage: dict[str, tuple[
         body.append(f"<h2>{html.escape(study)}</h2>")
         if coverage and study in coverage:
             body.append(f"<p>{html.escape(coverage_line(coverage[study]))}</p>")
+        if machines and machines.get(study):
+            body.append(f"<p>{html.escape(machines[study])}</p>")
         body.append(_html_table(*_table_rows(mine, scale)))
         claims = _claim_rows(mine)
         if claims:
@@ -481,8 +499,9 @@ def build_scorecard(tables: list[tuple[str, dict, Path]], scale: str, md_out: Pa
                     papers: dict[str, str | None] | None = None) -> list[TableScore]:
     """Score every (study, table spec, cell CSV) and write the Markdown and HTML scorecards, with each
     study's published cells shown / published cells (``coverage``, fedrepro.report.coverage) and, given its
-    (runs.csv, summary.csv) in ``runs``, its convergence section (fedrepro.report.convergence); ``papers``:
-    study -> its paper's key, whose trial count (fedrepro.report.published.TRIALS) gives the published sds' SE."""
+    (runs.csv, summary.csv) in ``runs``, its convergence section (fedrepro.report.convergence) and the machines
+    its runs came from; ``papers``: study -> its paper's key, whose trial count
+    (fedrepro.report.published.TRIALS) gives the published sds' SE."""
     cells = [(study, spec, pd.read_csv(path)) for study, spec, path in tables]
     scores = [score_table(study, spec, table_cells,
                           trials_behind_sd((papers or {}).get(study), spec.get("paper_table")))
@@ -492,6 +511,7 @@ def build_scorecard(tables: list[tuple[str, dict, Path]], scale: str, md_out: Pa
                                  [(spec, c) for s, spec, c in cells if s == study])
         for study, (runs_csv, summary_csv) in (runs or {}).items()
     }
-    write_text_atomic(render_markdown(scores, scale, coverage, convergence), Path(md_out))
-    write_text_atomic(render_html(scores, scale, coverage, convergence), Path(html_out))
+    machines = {study: machines_line(pd.read_csv(summary_csv)) for study, (_, summary_csv) in (runs or {}).items()}
+    write_text_atomic(render_markdown(scores, scale, coverage, convergence, machines), Path(md_out))
+    write_text_atomic(render_html(scores, scale, coverage, convergence, machines), Path(html_out))
     return scores
