@@ -107,6 +107,8 @@ def test_a_jobs_resources_are_train_resources_overridden_by_its_setting_then_its
         (lambda c: study(c)["settings"]["niid1"]["partition"].update(pool_test=True),
          r"settings.niid1.partition.pool_test: only a `federation: hetero` study"),
         (lambda c: c.update(device="gpu"), r"device: 'gpu' is not one of"),
+        (lambda c: study(c)["tables"]["table1"].update(compare_levels="yes"),
+         r"tables.table1.compare_levels: 'yes' is not of type 'boolean', 'null'"),
         (lambda c: c.update(studys={}), r"unknown key 'studys' \(did you mean 'studies'\?\)"),
     ],
 )
@@ -115,6 +117,15 @@ def test_bad_input_names_the_key(config, mutate, expected):
     mutate(bad)
     with pytest.raises(ConfigError, match=expected):
         resolve_config(bad)
+
+
+def test_compare_levels_is_the_tables_own_or_else_the_scales(config):
+    study(config)["tables"]["table1"]["compare_levels"] = True
+    embedded = resolve_config(config)["studies"]["feddisco"]["tables"]
+    assert embedded["table1"]["compare_levels"] is True and embedded["table2"]["compare_levels"] is False
+    study(config)["tables"]["table1"]["compare_levels"] = False
+    paper = resolve_config({**config, "scale": "paper", "results_dir": "results/paper"})["studies"]["feddisco"]
+    assert paper["tables"]["table1"]["compare_levels"] is False and paper["tables"]["table2"]["compare_levels"] is True
 
 
 def test_more_clients_than_samples_is_a_clear_error(digits_prepared):

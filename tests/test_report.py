@@ -284,6 +284,16 @@ def test_render_table_embedded_note_only_when_embedded(grid_runs: list[Path], tm
     assert "not comparable" not in (tmp_path / "full.md").read_text()
 
 
+def test_render_table_on_the_papers_data_says_its_levels_compare(grid_runs: list[Path], tmp_path: Path) -> None:
+    _, summary = collect_runs(grid_runs)
+    spec = {**table_spec(), "compare_levels": True}
+    render_table(spec, summary, load_published(FEDDISCO_CSV), tmp_path / "lv", scale="embedded")
+    for suffix in (".md", ".html"):
+        text = (tmp_path / f"lv{suffix}").read_text()
+        assert "not comparable" not in text and "own data set at laptop scale" in text  # html escapes the '
+        assert "reduced in samples, epochs and rounds" in text
+
+
 def test_render_table_without_published(grid_runs: list[Path], tmp_path: Path) -> None:
     _, summary = collect_runs(grid_runs)
     spec = table_spec(metric="last_k_acc", paper_table=None)

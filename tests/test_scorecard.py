@@ -188,19 +188,47 @@ def test_embedded_scorecard_compares_rankings_only_paper_scale_shows_distances(t
     csv = tmp_path / "t.csv"
     cells_of(spec, [[70.0, 60.0], [69.0, 59.0], [1.0, 2.0]], [[71.0, 64.0], [70.0, 63.0], [60.0, 62.0]],
              [[1.0, NAN], [NAN, NAN], [NAN, NAN]]).to_csv(csv, index=False)
-    scores = build_scorecard([("s", spec, csv)], "embedded", tmp_path / "sc.md", tmp_path / "sc.html")
+    build_scorecard([("s", spec, csv)], "embedded", tmp_path / "sc.md", tmp_path / "sc.html")
     md = (tmp_path / "sc.md").read_text()
-    assert "not comparable" in md and "rankings only" in md and "mean abs diff" not in md
+    assert "not comparable" in md and "rankings only" in md and "mean abs diff" not in md and "points" not in md
     assert "| t | Table 1 | best | 6 of 6 | 6 |" in md
     assert "1 of 1 hold in our numbers, 0 fail, 0 within noise or without numbers" in md
     html = (tmp_path / "sc.html").read_text()
     assert '<td class="holds">holds (2 of 2): one (vs B) holds: +1.00 (1 seed);' in html and "not comparable" in html
-    paper = render_markdown(scores, "paper")
+    at_paper = {**spec, "compare_levels": True}  # what a paper-scale config resolves an absent key to
+    paper = render_markdown([score_table("s", at_paper, pd.read_csv(csv))], "paper")
     assert "not comparable" not in paper and "| mean abs diff | max abs diff | within 2 published sd |" in paper
     # one cell with a published sd, within 2 sd (|70 - 71| <= 2); the other five have none
     assert "| 1 of 1 (5 cells without a published sd) |" in paper
-    no_sd = [score_table("s", spec, pd.read_csv(csv).assign(paper_std=NAN))]
+    no_sd = [score_table("s", at_paper, pd.read_csv(csv).assign(paper_std=NAN))]
     assert "| paper prints no sd |" in render_markdown(no_sd, "paper")
+
+
+def test_a_table_on_the_papers_data_compares_levels_at_embedded_scale_and_names_the_cells_off(tmp_path: Path) -> None:
+    reasons = ["D-s-fewer-rounds", "D-s-fewer-samples"]
+    levels = {**spec_of(TWO_COLS), "name": "lv", "compare_levels": True, "deviations": reasons}
+    stand_in = {**spec_of(TWO_COLS), "name": "si", "compare_levels": False, "deviations": reasons}
+    # A / one is 10 points off, A / two 7 (within 8), every other cell 1
+    ours, paper = [[60.0, 57.0], [69.0, 59.0], [59.0, 61.0]], [[70.0, 64.0], [70.0, 60.0], [60.0, 62.0]]
+    tables = []
+    for spec in (levels, stand_in):
+        cells_of(spec, ours, paper, [[NAN] * 2] * 3).to_csv(tmp_path / f"{spec['name']}.csv", index=False)
+        tables.append(("s", spec, tmp_path / f"{spec['name']}.csv"))
+    build_scorecard(tables, "embedded", tmp_path / "sc.md", tmp_path / "sc.html")
+    md = (tmp_path / "sc.md").read_text()
+    assert "| mean abs diff | max abs diff | rank agreement (Kendall τ) |" in md  # no 2-sd count below paper scale
+    assert "| lv | Table 1 | best | 6 of 6 | 6 | 3.50 | 10.00 |" in md  # (10 + 7 + 4 * 1) / 6
+    assert "| si | Table 1 | best | 6 of 6 | 6 | rankings only | rankings only |" in md
+    named = "A / one: ours 60.00 vs published 70.00 (Δ -10.00); reasons: D-s-fewer-rounds, D-s-fewer-samples"
+    assert f"- lv: cells within 8 points of the published value: 5 of 6\n  - {named}\n" in md
+    assert "A / two:" not in md and "si: cells within" not in md
+    statement = md.split("\n\n")[1]
+    assert "papers' own data sets" in statement and ": s lv." in statement and "levels and rankings" in statement
+    assert "The other tables run on small stand-in data sets" in statement and "rankings only" in statement
+    page = (tmp_path / "sc.html").read_text()
+    assert "<h3>Levels</h3>" in page and f"<li>{named}</li>" in page
+    alone = render_markdown([score_table("s", levels, pd.read_csv(tmp_path / "lv.csv"))], "embedded")
+    assert "stand-in" not in alone and "not comparable" not in alone
 
 
 # ------------------------------------------------------------------ claims in the study files
@@ -299,6 +327,8 @@ def test_captions_name_the_paper_artifact_scale_and_summary() -> None:
     cap = table_caption({**spec, "caption": "Table 3: *partial* | `x`"}, "embedded")
     assert cap["mirrors"] == "Table 1 of the paper" and cap["summary"] == "mean of the last k evaluations"
     assert cap["scale"].startswith("embedded") and "not comparable" in cap["scale"]
+    levels = table_caption({**spec, "compare_levels": True}, "embedded")["scale"]
+    assert levels.startswith("embedded") and "not comparable" not in levels and "paper's own data set" in levels
     html = docutils.core.publish_parts(f"**{cap['title']}**", writer="html")["body"]
     assert "Table 3: *partial* | `x`" in html  # shown as written, not as reStructuredText markup
     assert rst_escape("a_b|c") == r"a\_b\|c"

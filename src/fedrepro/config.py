@@ -157,6 +157,7 @@ def resolve_config(config: dict, source: str = "config", root: Path = REPO) -> d
         validate(study, "study", where, prefix)  # the swept values too
         study["sweeps"] = sweeps
         check_study(name, study, where, prefix)
+        _resolve_compare_levels(study, config["scale"])
         study["name"] = name
         studies[name] = study
     config["studies"] = studies
@@ -171,6 +172,14 @@ def resolve_config(config: dict, source: str = "config", root: Path = REPO) -> d
                               f"{showcase['figure']!r}{did_you_mean(showcase['figure'], figures)}; "
                               f"known: {sorted(figures)}")
     return config
+
+
+def _resolve_compare_levels(study: dict, scale: str) -> None:
+    """Each table's `compare_levels` left null (the schema default) set by the scale: at paper scale every table
+    runs on the paper's own data sets, at embedded scale only those that say so (the others run on stand-ins)."""
+    for table in study["tables"].values():
+        if table["compare_levels"] is None:
+            table["compare_levels"] = scale == "paper"
 
 
 def _same_dir(a: str, b: str) -> bool:

@@ -14,6 +14,9 @@ SCALES = {
                 "rounds; the published numbers are not comparable, only rankings are)",
     "paper": "paper (the paper's data sets, models, rounds and seeds)",
 }
+# an embedded table whose spec sets compare_levels (its cells run on the paper's own data set)
+EMBEDDED_LEVELS = ("embedded (laptop scale: the paper's own data set, reduced in samples, epochs and rounds, see "
+                   "the deviations; levels compare with the published numbers as well as rankings)")
 SUMMARY_WORDS = {
     "final_acc": "final (after the last round)",
     "best_acc": "best (over rounds)",
@@ -79,7 +82,7 @@ def table_caption(spec: dict, scale: str, report_dir: str = "results") -> dict[s
     return {
         "title": rst_escape(spec.get("caption") or spec["name"]),
         "mirrors": rst_escape(mirrors),
-        "scale": rst_escape(SCALES[scale]),
+        "scale": rst_escape(EMBEDDED_LEVELS if scale == "embedded" and spec.get("compare_levels") else SCALES[scale]),
         "summary": rst_escape(summary),
         "deviations": deviation_links(spec, report_dir),
     }

@@ -18,7 +18,7 @@ from scipy.stats import kendalltau
 from fedrepro.config import column_refs
 from fedrepro.report.collect import MACHINE, write_text_atomic
 from fedrepro.report.convergence import StudyConvergence, convergence_blocks, study_convergence
-from fedrepro.report.derived import lower_is_better, metric_key
+from fedrepro.report.derived import LAST_K_MAX, SUMMARY_METRICS, lower_is_better, metric_key
 from fedrepro.report.published import trials_behind_sd
 from fedrepro.report.tables import decimals
 
@@ -26,6 +26,17 @@ EMBEDDED_STATEMENT = (
     "**Embedded scale.** These runs use small stand-in data sets that ship with scikit-learn, small "
     "models and few rounds, while the published numbers come from the papers' own data sets at full "
     "scale: the numbers are **not comparable** with the published ones, so this scorecard compares "
+    "**rankings only** (rank agreement and the papers' ranking claims)."
+)
+EMBEDDED_LEVELS_STATEMENT = (
+    "**Embedded scale.** Tables on the papers' own data sets, reduced in samples, epochs and rounds (each "
+    "table's deviations say how): {tables}. Their **levels and rankings** compare with the published ones, so "
+    "the scorecard shows |Δ| = |ours − published| for them and counts the accuracy cells within {points:g} "
+    "points of the published value, naming every other cell with the table's deviations as its reasons."
+)
+STAND_IN_STATEMENT = (
+    "The other tables run on small stand-in data sets that ship with scikit-learn, small models and few rounds: "
+    "their numbers are **not comparable** with the published ones, so for them this scorecard compares "
     "**rankings only** (rank agreement and the papers' ranking claims)."
 )
 PAPER_STATEMENT = (
@@ -43,6 +54,11 @@ SUMMARIES = {
     "last_k_sd_acc": "sd over the last k rounds",
 }
 HAVE_VALUE = ("ok", "partial")
+# issue #23: a table on the paper's own data (compare_levels) is informative when each cell lies within this many
+# points of its published value, or the scorecard names the cell and the table's deviations as the reasons
+LEVEL_POINTS = 8.0
+# the metrics that rule applies to: accuracies, in percentage points (not rounds, bytes or seconds)
+LEVEL_METRICS = (*SUMMARY_METRICS, LAST_K_MAX)
 RANK_MIN_ROWS = 3  # Kendall's tau over fewer rows says little
 # a claim's place: it holds (fails) where the difference in its favour exceeds (falls below minus) NOISE_SE
 # standard errors, and is within noise otherwise
@@ -78,6 +94,9 @@ class TableScore:
     within_2sd: int
     rank_tau: float
     claims: list[ClaimResult] = field(default_factory=list)
+    compare_levels: bool = False  # the table's cells run on the paper's own data sets (its spec's key)
+    level_cells: int = 0  # accuracy cells with both numbers
+    level_misses: list[str] = field(default_factory=list)  # those beyond LEVEL_POINTS, each with its reasons
 
 
 def accuracy_summary(spec: dict) -> str:
@@ -289,6 +308,24 @@ def _rank_tau(ours: list[list[float]], paper: list[list[float]]) -> float:
     return sum(taus) / len(taus) if taus else math.nan
 
 
+def _level_misses(spec: dict, ours: list[list[float]], paper: list[list[float]]) -> tuple[int, list[str]]:
+    """(the accuracy cells with both numbers, each of them more than LEVEL_POINTS from its published value as
+    "row / column: ours vs published (Δ); reasons: the table's deviations"); compared at the printed two
+    decimals."""
+    in_points = [metric_key(spec, c) in LEVEL_METRICS for c in spec["columns"]]
+    reasons = ", ".join(spec.get("deviations") or []) or "none named"
+    compared, misses = 0, []
+    for row, ours_line, paper_line in zip(spec["rows"], ours, paper, strict=True):
+        for column, points, o, p in zip(spec["columns"], in_points, ours_line, paper_line, strict=True):
+            if not points or math.isnan(o) or math.isnan(p):
+                continue
+            compared += 1
+            if round(abs(o - p), 2) > LEVEL_POINTS:
+                misses.append(f"{row['label']} / {column['label']}: ours {o:.2f} vs published {p:.2f} "
+                              f"(Δ {o - p:+.2f}); reasons: {reasons}")
+    return compared, misses
+
+
 def score_table(study: str, spec: dict, cells: pd.DataFrame, trials: int | None = None) -> TableScore:
     """The scorecard line of one table from its tidy cell CSV (``render_table``'s frame); ``trials``: how many
     trials the published sds are over (check_claims)."""
@@ -298,6 +335,7 @@ def score_table(study: str, spec: dict, cells: pd.DataFrame, trials: int | None 
                                           std, strict=True)]
     both = [(abs(o - p), s) for o, p, s in flat if not (math.isnan(o) or math.isnan(p))]
     with_std = [(d, s) for d, s in both if not math.isnan(s)]
+    level_cells, misses = _level_misses(spec, ours, paper)
     return TableScore(
         study=study, table=spec["name"], caption=spec.get("caption", ""), paper_table=spec.get("paper_table"),
         summary=accuracy_summary(spec), cells=len(flat),
@@ -308,6 +346,7 @@ def score_table(study: str, spec: dict, cells: pd.DataFrame, trials: int | None 
         max_abs_diff=max((d for d, _ in both), default=math.nan),
         with_std=len(with_std), within_2sd=sum(d <= 2 * s for d, s in with_std),
         rank_tau=_rank_tau(ours, paper), claims=check_claims(spec, cells, trials),
+        compare_levels=bool(spec.get("compare_levels")), level_cells=level_cells, level_misses=misses,
     )
 
 
@@ -326,15 +365,20 @@ def _two_sd(s: TableScore) -> str:
 
 def _table_rows(scores: list[TableScore], scale: str) -> tuple[list[str], list[list[str]]]:
     head = ["table", "mirrors", "cells show", "regenerated", "with a published number"]
-    if scale == "paper":
-        head += ["mean abs diff", "max abs diff", "within 2 published sd"]
-    head += ["rank agreement (Kendall τ)"]
+    distances = []  # the columns of the tables that compare levels
+    if any(s.compare_levels for s in scores):
+        distances = ["mean abs diff", "max abs diff"]
+        # the published sd is the papers' spread at their full regime: a yardstick at paper scale only
+        distances += ["within 2 published sd"] if scale == "paper" else []
+    head += [*distances, "rank agreement (Kendall τ)"]
     rows = []
     for s in scores:
         line = [s.table, s.paper_table or "no published table", s.summary, f"{s.regenerated} of {s.cells}",
                 str(s.published)]
-        if scale == "paper":
-            line += [_num(s.mean_abs_diff), _num(s.max_abs_diff), _two_sd(s)]
+        if s.compare_levels:
+            line += [_num(s.mean_abs_diff), _num(s.max_abs_diff)] + ([_two_sd(s)] if scale == "paper" else [])
+        else:
+            line += ["rankings only"] * len(distances)
         line.append(_num(s.rank_tau, "+.2f"))
         rows.append(line)
     return head, rows
@@ -344,9 +388,31 @@ def _claim_rows(scores: list[TableScore]) -> list[list[str]]:
     return [[s.table, c.text, c.paper, c.ours] for s in scores for c in s.claims]
 
 
-def _intro(scale: str) -> list[str]:
+def _levels(scores: list[TableScore]) -> list[tuple[str, list[str]]]:
+    """Each table that compares levels (and has accuracy cells to compare): its levels line, and its cells
+    beyond LEVEL_POINTS."""
+    return [(f"{s.table}: cells within {LEVEL_POINTS:g} points of the published value: "
+             f"{s.level_cells - len(s.level_misses)} of {s.level_cells}", s.level_misses)
+            for s in scores if s.compare_levels and s.level_cells]
+
+
+def _scale_statement(scale: str, scores: list[TableScore]) -> str:
+    if scale == "paper":
+        return PAPER_STATEMENT
+    levels = [s for s in scores if s.compare_levels]
+    if not levels:
+        return EMBEDDED_STATEMENT
+    by_study: dict[str, list[str]] = {}
+    for s in levels:
+        by_study.setdefault(s.study, []).append(s.table)
+    tables = "; ".join(f"{study} {', '.join(names)}" for study, names in by_study.items())
+    statement = EMBEDDED_LEVELS_STATEMENT.format(tables=tables, points=LEVEL_POINTS)
+    return statement + (" " + STAND_IN_STATEMENT if len(levels) < len(scores) else "")
+
+
+def _intro(scale: str, scores: list[TableScore]) -> list[str]:
     return [
-        EMBEDDED_STATEMENT if scale == "embedded" else PAPER_STATEMENT,
+        _scale_statement(scale, scores),
         "Rank agreement: Kendall's τ between our and the published means of the rows of each column, "
         f"averaged over the columns with at least {RANK_MIN_ROWS} such rows (+1: same order, −1: reversed). "
         "A claim is checked in our means and, to check the claim itself, in the published ones, at each of its "
@@ -407,6 +473,11 @@ def study_markdown(study: str, scores: list[TableScore], scale: str, heading: st
         lines += [machines, ""]
     head, rows = _table_rows(scores, scale)
     lines += _md_table(head, rows)
+    levels = _levels(scores)
+    if levels:
+        lines += ["", "Levels, for the tables on the paper's own data sets:", ""]
+        for line, misses in levels:
+            lines += [f"- {line}", *(f"  - {m}" for m in misses)]
     claims = _claim_rows(scores)
     if claims:
         held = sum(c.holds is True for s in scores for c in s.claims)
@@ -429,7 +500,7 @@ def render_markdown(scores: list[TableScore], scale: str, coverage: dict[str, tu
     """The whole scorecard as Markdown; ``coverage``: study -> (published cells shown, published cells);
     ``convergence``: study -> its runs' plateaus and cells' seed sd; ``machines``: study -> machines_line."""
     lines = ["# Scorecard: the papers' tables regenerated", ""]
-    for para in _intro(scale):
+    for para in _intro(scale, scores):
         lines += [para, ""]
     if coverage:
         lines += [coverage_line(_overall(coverage), f", all studies ({scale} scale)"), ""]
@@ -459,6 +530,15 @@ def _html_table(head: list[str], rows: list[list[str]]) -> str:
     return "".join(out + ["</tbody></table>"])
 
 
+def _html_list(items: list[tuple[str, list[str]]]) -> str:
+    """A list of (line, its sub-items) as nested HTML lists."""
+    out = ["<ul>"]
+    for line, subs in items:
+        inner = "<ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in subs) + "</ul>" if subs else ""
+        out.append(f"<li>{html.escape(line)}{inner}</li>")
+    return "".join(out + ["</ul>"])
+
+
 def _md_inline(text: str) -> str:
     # the statements use **bold** only
     parts = html.escape(text).split("**")
@@ -469,7 +549,8 @@ def render_html(scores: list[TableScore], scale: str, coverage: dict[str, tuple[
                 convergence: dict[str, StudyConvergence] | None = None,
                 machines: dict[str, str | None] | None = None) -> str:
     """The whole scorecard as a standalone HTML page (for the Snakemake report)."""
-    body = ["<h1>Scorecard: the papers' tables regenerated</h1>", *(f"<p>{_md_inline(p)}</p>" for p in _intro(scale))]
+    body = ["<h1>Scorecard: the papers' tables regenerated</h1>",
+            *(f"<p>{_md_inline(p)}</p>" for p in _intro(scale, scores))]
     if coverage:
         body.append(f"<p>{html.escape(coverage_line(_overall(coverage), f', all studies ({scale} scale)'))}</p>")
     for study in dict.fromkeys(s.study for s in scores):
@@ -480,6 +561,9 @@ def render_html(scores: list[TableScore], scale: str, coverage: dict[str, tuple[
         if machines and machines.get(study):
             body.append(f"<p>{html.escape(machines[study])}</p>")
         body.append(_html_table(*_table_rows(mine, scale)))
+        levels = _levels(mine)
+        if levels:
+            body += ["<h3>Levels</h3>", _html_list(levels)]
         claims = _claim_rows(mine)
         if claims:
             body += ["<h3>Ranking claims</h3>",

@@ -31,6 +31,12 @@ EMBEDDED_NOTE = (
     "come from the paper's own data sets at full scale, so the two are not comparable: only the rankings "
     "of methods can be compared."
 )
+# an embedded table whose spec sets compare_levels: the paper's own data, reduced, so levels compare too
+LEVELS_NOTE = (
+    "These runs use the paper's own data set at laptop scale, reduced in samples, epochs and rounds (see the "
+    "table's deviations from the paper), so their levels compare with the published numbers as well as the "
+    "rankings of methods."
+)
 CSV_COLUMNS = [
     "row",
     "column",
@@ -476,7 +482,7 @@ def render_table(
             paper = f"{published['paper'].iloc[0]} "
         intro.append(f"“paper” is the published value from {paper}{spec['paper_table']}; Δ = ours − paper.")
     if scale == "embedded":
-        intro.append(EMBEDDED_NOTE)
+        intro.append(LEVELS_NOTE if spec.get("compare_levels") else EMBEDDED_NOTE)
     notes = _shared_run_notes(spec) + _footnotes(grid)
     deviations = spec.get("deviations") or []
     # links relative to the table's folder: they hold wherever the results root lies in the checkout
