@@ -14,8 +14,8 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	touch $@
 
 # the embedded default's artifacts, the scorecard and the README showcase, then the HTML report of all of them
-# (config/laptop-full.yaml reads Fashion-MNIST: `make fashion-mnist` first puts Debian's copy where it looks)
-run: $(VENV)/.installed
+# (the default reads Fashion-MNIST: `make fashion-mnist` first puts Debian's copy where the download step looks)
+run: $(VENV)/.installed fashion-mnist
 	$(BIN)/snakemake --cores $(CORES) --report results/report.html --report-after-run
 
 test: $(VENV)/.installed browser fashion-mnist

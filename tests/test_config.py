@@ -14,7 +14,8 @@ from fedrepro.config import ConfigError, grid_runs, job_resources, resolve_confi
 
 @pytest.fixture
 def config():
-    return yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    # laptop-full: every method of FedDisco and FedL2G (the embedded default keeps four FedDisco methods)
+    return laptop_full_config()
 
 
 def study(cfg):
@@ -30,7 +31,8 @@ def test_embedded_config_resolves_with_defaults(config):
     assert spec["hparams"] == {"mu": 0.01}
     assert spec["weighting"] == {"kind": "size"}  # a schema default
     assert spec["training"]["join_ratio"] == 1.0  # a schema default
-    assert spec["training"]["batch_size"] == 16  # the study's value (the schema default is 64)
+    assert spec["training"]["batch_size"] == 64  # the study's value
+    assert spec["training"]["rounds"] == 80  # the study's value (the schema default is 20)
     assert spec["training"]["drop_last"] is True  # FedDisco's code drops the short last batch
     assert run_spec(resolved["studies"]["fedl2g"], "pat", "fml")["training"]["drop_last"] is True  # HtFLlib's
     fedgtst = resolve_config(laptop_full_config())["studies"]["fedgtst"]
@@ -96,7 +98,7 @@ def test_a_jobs_resources_are_train_resources_overridden_by_its_setting_then_its
         (lambda c: c["studies"]["fedl2g"]["methods"]["fml"].update(algorithm="fedavg"),
          r"studies.fedl2g.methods.fml.algorithm: unknown algorithm 'fedavg'.*known: \['fed_distill'"),
         (lambda c: c["studies"]["fedl2g"]["methods"]["fedproto"].update(training={"momentum": 0.9}),
-         r"fedl2g.*settings.pat / methods.fedproto: training.momentum: must be 0.0 in a `federation: hetero` "
+         r"fedl2g.*settings.(pat|dir) / methods.fedproto: training.momentum: must be 0.0 in a `federation: hetero` "
          r"study \(clients train with plain SGD"),
         (lambda c: c["studies"]["fedl2g"]["defaults"].update(optimizer="adam"),
          r"fedl2g.*training.optimizer: must be 'sgd' in a `federation: hetero` study"),
@@ -179,8 +181,10 @@ def test_a_hetero_study_runs_per_client_model_groups_with_its_own_methods(config
     assert spec["hparams"]["server_lr"] == 100.0 and spec["training"]["momentum"] == 0.0
 
 
-def test_each_scale_has_its_own_results_root(config):
-    assert resolve_config(config)["results_dir"] == "results"
+def test_each_scale_has_its_own_results_root():
+    embedded = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    assert resolve_config(embedded)["results_dir"] == "results"
+    assert resolve_config(laptop_full_config())["results_dir"] == "results/laptop-full"
     paper = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
     assert paper["scale"] == "paper" and paper["results_dir"] == "results/paper"
 
