@@ -29,6 +29,7 @@ from fedrepro.data import download, embedded, vision
 from fedrepro.data.download import ChecksumError, DownloadError, fetch
 from fedrepro.data.format import PreparedFormatError, load_prepared, save_prepared
 from fedrepro.data.registry import DATASETS, download_dataset, prepare_dataset, raw_files
+from fedrepro.io import atomic_write_npz
 
 # ---------------------------------------------------------------- local HTTP server
 
@@ -258,11 +259,12 @@ def test_save_load_round_trip_and_sha_mismatch(tmp_path: Path, built: dict[str, 
     with np.load(out) as z:
         arrays = {k: z[k] for k in z.files}
     arrays["x_train"][0, 14, 14, 0] ^= 1
-    np.savez(out, **arrays)
+    # written as the pipeline writes (with a checksum of the tampered bytes): the arrays' digest still refuses it
+    atomic_write_npz(out, checksum=True, **arrays)
     with pytest.raises(PreparedFormatError, match=r"digits\.npz.*sha256 mismatch"):
         load_prepared(out)
     del arrays["y_test"]
-    np.savez(out, **arrays)
+    atomic_write_npz(out, checksum=True, **arrays)
     with pytest.raises(PreparedFormatError, match=r"digits\.npz.*missing arrays \['y_test'\]"):
         load_prepared(out)
 

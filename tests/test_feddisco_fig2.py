@@ -219,8 +219,7 @@ def test_weight_probe_without_any_matching_run_says_so(tmp_path) -> None:
 
 
 def test_pipeline_figure_reads_summary_then_one_stats_file_per_seed(tmp_path) -> None:
-    import json
-
+    from fedrepro.io import atomic_write_json
     from fedrepro.pipeline import figure
     from fedrepro.report.captions import figure_caption
 
@@ -228,7 +227,7 @@ def test_pipeline_figure_reads_summary_then_one_stats_file_per_seed(tmp_path) ->
     summary.to_csv(tmp_path / "summary.csv", index=False)
     inputs = [tmp_path / "summary.csv"]
     for seed in spec["seeds"]:
-        (tmp_path / f"seed{seed}.json").write_text(json.dumps(stats[seed]))
+        atomic_write_json(tmp_path / f"seed{seed}.json", stats[seed], checksum=True)  # as save_partition writes
         inputs.append(tmp_path / f"seed{seed}.json")
     figure(spec, inputs, tmp_path / "out", log=lambda _: None)
     assert (tmp_path / "out.png").exists()

@@ -27,6 +27,7 @@ from fedrepro.data import feddle_sets
 from fedrepro.data.download import ChecksumError
 from fedrepro.data.format import PreparedFormatError, arrays_sha256, load_prepared, save_prepared
 from fedrepro.data.registry import download_dataset, get_spec, prepare_dataset, raw_files
+from fedrepro.io import atomic_write_npz
 from fedrepro.partition import load_partition, make_partition
 
 RNG = np.random.default_rng(8)
@@ -73,7 +74,7 @@ def test_extra_arrays_round_trip_and_are_checked(tmp_path: Path) -> None:
     with np.load(tmp_path / "g.npz") as z:
         stored = dict(z)
     stored["groups_train"] = np.array([0, 0, 1, 1, 2, 3])
-    np.savez(tmp_path / "tampered.npz", **stored)
+    atomic_write_npz(tmp_path / "tampered.npz", checksum=True, **stored)
     with pytest.raises(PreparedFormatError, match="tampered.npz: sha256 mismatch"):
         load_prepared(tmp_path / "tampered.npz")
     bad = [({"groups_train": np.zeros(5, np.int64)},

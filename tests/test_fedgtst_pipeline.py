@@ -19,6 +19,7 @@ from fedrepro.data.format import load_prepared
 from fedrepro.data.registry import prepare_dataset
 from fedrepro.finetune import FinetuneConfig, finetune_model, load_pretrained
 from fedrepro.models import build_model
+from fedrepro.sim.checkpoint import save_checkpoint
 from fedrepro.sim.flat import FlatModel
 from fedrepro.sim.tensors import to_device_data
 
@@ -172,8 +173,8 @@ def test_a_diverged_pretraining_is_reported_not_fine_tuned(tmp_path, data_dir):
     spec = finetune_spec(study, "k4", "fedavg")
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    torch.save({"w": torch.full((10,), float("nan")), "status": "diverged", "diverged_round": 2},
-               ckpt / "seed0.pt")
+    save_checkpoint(ckpt / "seed0.pt", "fp", {"w": torch.full((10,), float("nan")), "status": "diverged",
+                                             "diverged_round": 2})
     index = tmp_path / "runs.json"
     index.write_text(json.dumps({"runs": [{"seed": 0, "dir": "seed0", "status": "diverged"}]}))
     out = tmp_path / "ft" / "seeds.json"

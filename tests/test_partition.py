@@ -176,7 +176,7 @@ def test_save_load_round_trip(labels: np.ndarray, tmp_path: Path) -> None:
     side = json.loads((tmp_path / "parts" / "seed3.json").read_text())
     assert side["spec"] == spec and side["sizes"] == stats["sizes"]
     # Atomic writes leave no temp files behind.
-    assert sorted(os.listdir(path.parent)) == ["seed3.json", "seed3.npz"]
+    assert sorted(os.listdir(path.parent)) == ["seed3.json", "seed3.json.sha256", "seed3.npz", "seed3.npz.sha256"]
 
 
 def test_partition_does_not_import_torch() -> None:

@@ -30,9 +30,9 @@ from torch import nn
 
 from fedrepro import seeding
 from fedrepro.data.format import load_prepared
-from fedrepro.io import atomic_write_json
+from fedrepro.io import atomic_write_json, open_npz
 from fedrepro.models import build_model
-from fedrepro.sim.checkpoint import SeedFiles
+from fedrepro.sim.checkpoint import SeedFiles, read_checkpoint
 from fedrepro.sim.flat import FlatModel
 from fedrepro.sim.tensors import DeviceData, evaluate, to_device_data
 
@@ -150,7 +150,7 @@ def finetune_job(spec: dict, source_path: Path, target_path: Path, runs: list[di
     torch.set_num_threads(threads)
     dev = pick_device(device)
     cfg = FinetuneConfig(**spec["finetune"])
-    with np.load(source_path, allow_pickle=False) as z:  # only the meta: the source images are not needed
+    with open_npz(source_path, "prepared data set") as z:  # only the meta: the source images are not needed
         source_meta = json.loads(str(z["meta"][()]))
     shape = model_input_shape(source_meta, spec.get("image_size"), spec.get("channels"))
     prepared = load_prepared(target_path)
@@ -165,12 +165,12 @@ def finetune_job(spec: dict, source_path: Path, target_path: Path, runs: list[di
                   "target": spec["target"], "config": spec["finetune"], "diverged_round": None}
         files = SeedFiles.of(checkpoint_dir, seed)
         # the train job's working files, not declared outputs: if neither is there, say how to get them back
+        train_index = Path(out_dir).parent.parent.parent / "runs" / spec["setting"] / spec["method"] / "seeds.json"
         pretrained = next((p for p in (files.model, files.checkpoint) if p.is_file()), None)
         if pretrained is None:
             raise FileNotFoundError(f"{tag}: the pre-trained model {files.model} is missing; delete "
-                                    f"{Path(out_dir).parent.parent.parent / 'runs' / spec['setting'] / spec['method']}"
-                                    "/seeds.json to rerun its train job")
-        blob = torch.load(pretrained, map_location="cpu", weights_only=False)
+                                    f"{train_index} to rerun its train job")
+        blob = read_checkpoint(pretrained, f"delete it and {train_index} to train this seed again")
         if run.get("status") == "diverged" or blob.get("status") == "diverged":
             # a diverged pre-training has no model worth fine-tuning: report it, as the tables do
             record.update(status="diverged", diverged_round=blob.get("diverged_round"), target_acc=None,

@@ -1,20 +1,45 @@
-"""Atomic file writes: a killed job never leaves a half-written file that a later rule would read."""
+"""Atomic file writes: a killed job never leaves a half-written file that a later rule would read. What the
+pipeline reads back (checkpoints, partitions, prepared data) also carries a checksum, verified on every read;
+a damaged, unreadable or unwritable file fails naming itself and the way out."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
 
+# what to do about a damaged file that a rule wrote (checkpoints say their own way out)
+REBUILD = "delete it and rerun; snakemake rebuilds it"
+# the errno of a failed write -> what to tell the user (else os.strerror)
+WRITE_ERRORS = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded", errno.EROFS: "read-only file system"}
 
-def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
-    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it over ``path``."""
+
+class DamagedFileError(ValueError):
+    """A file the pipeline wrote that cannot be read back as written: damaged, truncated, not of its kind or
+    without its checksum. The message names the file and what to do."""
+
+
+def checksum_path(path: str | os.PathLike) -> Path:
+    """Where the checksum of ``path`` lives: ``<path>.sha256``, one line as sha256sum writes it (so
+    ``sha256sum -c`` checks it too)."""
+    path = Path(path)
+    return path.with_name(path.name + ".sha256")
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[Path], None], *, checksum: bool = False) -> Path:
+    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it over ``path``; with ``checksum``
+    the file's sha256 goes to ``checksum_path(path)``. A failed write raises OSError naming ``path`` and the
+    cause ("disk full")."""
+    from fedrepro.data.download import file_digest
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -23,10 +48,27 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path
         write(Path(tmp))
         # mkstemp creates 0600; results on a shared cluster file system must be readable as usual
         os.chmod(tmp, 0o666 & ~_umask())
+        if checksum:
+            # while the file is renamed, its checksum file accepts the old content and the new: a kill between
+            # the renames leaves one of the two, both whole (a resumable checkpoint stays resumable)
+            digest, sidecar = file_digest(Path(tmp), "sha256"), checksum_path(path)
+            try:
+                accepted = _checksums(sidecar)
+            except (OSError, UnicodeDecodeError):  # none yet, or itself damaged: nothing vouches for the old
+                accepted = []
+            both = dict.fromkeys([digest, *accepted])
+            atomic_write_text(sidecar, "".join(f"{d}  {path.name}\n" for d in both))
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        cause = WRITE_ERRORS.get(exc.errno) or (os.strerror(exc.errno) if exc.errno else str(exc))
+        message = f"{path}: could not be written: {cause} ({exc})"
+        raise (OSError(exc.errno, message) if exc.errno else OSError(message)) from exc
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    if checksum:
+        atomic_write_text(sidecar, f"{digest}  {path.name}\n")
     return path
 
 
@@ -36,39 +78,96 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` atomically."""
-    return atomic_write(path, lambda tmp: tmp.write_text(text))
+def atomic_write_text(path: str | os.PathLike, text: str, *, checksum: bool = False) -> Path:
+    """Write ``text`` to ``path`` atomically (``checksum``: as atomic_write)."""
+    return atomic_write(path, lambda tmp: tmp.write_text(text), checksum=checksum)
 
 
-def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
-    """Write ``obj`` as indented JSON to ``path`` atomically."""
-    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_jsonable) + "\n")
+def atomic_write_json(path: str | os.PathLike, obj: Any, *, checksum: bool = False) -> Path:
+    """Write ``obj`` as indented JSON to ``path`` atomically (``checksum``: as atomic_write)."""
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_jsonable) + "\n",
+                             checksum=checksum)
 
 
-def atomic_write_npz(path: str | os.PathLike, **arrays: Any) -> Path:
-    """``np.savez`` to ``path`` atomically (through a handle: savez would append .npz to a bare temp name)."""
+def atomic_write_npz(path: str | os.PathLike, *, checksum: bool = False, **arrays: Any) -> Path:
+    """``np.savez`` to ``path`` atomically (through a handle: savez would append .npz to a bare temp name;
+    ``checksum``: as atomic_write)."""
     import numpy as np
 
     def write(tmp: Path) -> None:
         with open(tmp, "wb") as fh:
             np.savez(fh, **arrays)
 
-    return atomic_write(path, write)
+    return atomic_write(path, write, checksum=checksum)
 
 
-def open_npz(path: str | os.PathLike, what: str):
-    """``np.load`` of an .npz whose failure names the file and the way out (a truncated or foreign file
-    otherwise surfaces as a bare zipfile.BadZipFile)."""
+def verify_checksum(path: str | os.PathLike, remedy: str = REBUILD) -> None:
+    """Check ``path`` against its checksum (atomic_write's ``checksum``); DamagedFileError naming the file and
+    ``remedy`` when it does not match or has none."""
+    from fedrepro.data.download import file_digest
+
+    path = Path(path)
+    actual = file_digest(path, "sha256")  # first: a missing file is a FileNotFoundError naming it
+    sidecar = checksum_path(path)
+    try:
+        accepted = _checksums(sidecar)
+    except FileNotFoundError:
+        raise DamagedFileError(f"{path}: its checksum file {sidecar.name} is missing (written before checksums "
+                               f"were kept, or deleted), so its content cannot be verified: {remedy}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DamagedFileError(f"{path}: its checksum file {sidecar.name} is unreadable ({exc}): {remedy}") from exc
+    if actual not in accepted:
+        raise DamagedFileError(f"{path}: content does not match its checksum in {sidecar.name} (damaged or "
+                               f"corrupt): {remedy}")
+
+
+def _checksums(sidecar: Path) -> list[str]:
+    """The digests a checksum file accepts: the first word of each line (two while its file is replaced)."""
+    return [line.split()[0] for line in sidecar.read_text().splitlines() if line.strip()]
+
+
+def remove_checksummed(path: str | os.PathLike) -> None:
+    """Delete ``path`` and its checksum file, whichever exist."""
+    Path(path).unlink(missing_ok=True)
+    checksum_path(path).unlink(missing_ok=True)
+
+
+def read_json(path: str | os.PathLike, checksum: bool = False, remedy: str = REBUILD) -> Any:
+    """The JSON in ``path`` (verified first with ``checksum``); invalid JSON raises DamagedFileError naming the
+    file and ``remedy`` (a missing file stays a FileNotFoundError, which names it)."""
+    path = Path(path)
+    if checksum:
+        verify_checksum(path, remedy)
+    try:
+        return json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DamagedFileError(f"{path}: not valid JSON ({type(exc).__name__}: {exc}): {remedy}") from exc
+
+
+@contextlib.contextmanager
+def open_npz(path: str | os.PathLike, what: str, checksum: bool = True) -> Iterator[np.lib.npyio.NpzFile]:
+    """``with open_npz(path, what) as z``: ``np.load`` of an .npz, verified against its checksum first (unless
+    not ``checksum``); a damaged file, or a member that fails to read inside the block ("Bad CRC-32"), raises
+    DamagedFileError naming the file and the way out instead of a bare zipfile.BadZipFile."""
     import zipfile
+    import zlib
 
     import numpy as np
 
+    def damaged(exc: BaseException) -> DamagedFileError:
+        return DamagedFileError(f"{path}: corrupt or not a {what} ({type(exc).__name__}: {exc}); {REBUILD}")
+
+    if checksum:
+        verify_checksum(path)
     try:
-        return np.load(path, allow_pickle=False)
+        npz = np.load(path, allow_pickle=False)
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
-        raise ValueError(f"{path}: corrupt or not a {what} ({type(exc).__name__}: {exc}); delete it and rerun "
-                         "snakemake to rebuild it") from exc
+        raise damaged(exc) from exc
+    with npz:
+        try:
+            yield npz
+        except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+            raise damaged(exc) from exc
 
 
 # Bytes read at a time by read_npz_into (numpy reads .npz members in blocks of this size too)

@@ -319,7 +319,8 @@ def _stats_path(path: Path) -> Path:
 
 
 def save_partition(path: str | os.PathLike, parts: list[np.ndarray], stats: dict, spec: dict) -> None:
-    """Write ``parts`` to one .npz (indices, offsets, spec) and ``stats`` + ``spec`` to ``<stem>.json``."""
+    """Write ``parts`` to one .npz (indices, offsets, spec) and ``stats`` + ``spec`` to ``<stem>.json``, each with
+    its checksum beside it (fedrepro.io.checksum_path), verified when read back."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     sizes = np.array([len(p) for p in parts], dtype=np.int64)
@@ -327,8 +328,9 @@ def save_partition(path: str | os.PathLike, parts: list[np.ndarray], stats: dict
     indices = np.concatenate([np.zeros(0, np.int64), *parts]).astype(np.int64)
     spec_json = np.array(json.dumps(spec, sort_keys=True))
     # npz before json: the stats file is the rule's last output, so a killed job leaves it missing
-    atomic_write_npz(path, indices=indices, offsets=offsets, spec=spec_json)
-    atomic_write_text(_stats_path(path), json.dumps({**stats, "spec": spec}, indent=1, sort_keys=True) + "\n")
+    atomic_write_npz(path, checksum=True, indices=indices, offsets=offsets, spec=spec_json)
+    atomic_write_text(_stats_path(path), json.dumps({**stats, "spec": spec}, indent=1, sort_keys=True) + "\n",
+                      checksum=True)
 
 
 def load_partition(path: str | os.PathLike) -> list[np.ndarray]:
@@ -340,7 +342,7 @@ def load_partition(path: str | os.PathLike) -> list[np.ndarray]:
 
 def load_partition_spec(path: str | os.PathLike) -> dict:
     """Read the spec stored in a partition .npz."""
-    with np.load(path, allow_pickle=False) as z:
+    with open_npz(path, "partition file") as z:
         return json.loads(str(z["spec"]))
 
 

@@ -70,6 +70,7 @@ def partition(data: Path, spec: dict, seeds: list[int], outs: list[Path], log: C
     """One partition file (+ stats JSON) per seed of one setting."""
     import numpy as np
 
+    from fedrepro.io import open_npz
     from fedrepro.partition import make_partition, partition_stats, save_partition
 
     def column(f: Any, train_key: str, test_key: str) -> Any:
@@ -82,7 +83,7 @@ def partition(data: Path, spec: dict, seeds: list[int], outs: list[Path], log: C
         # PFLlib/HtFLlib's generators: train and test together, clients re-split
         return np.concatenate([f[train_key], f[test_key]])
 
-    with np.load(data) as f:
+    with open_npz(data, "prepared data set") as f:
         meta = json.loads(str(f["meta"]))
         labels = column(f, "y_train", "y_test")
         # CIFAR-100 under its 20 superclasses is split over the 100 fine labels (Feddle); the stats below
@@ -129,9 +130,9 @@ def finetune(spec: dict, runs_index: Path, source: Path, target: Path, checkpoin
     """Fine-tune every seed of one method x setting on the setting's target; ``index`` (seeds.json) is
     written last and lists the per-seed records (seed{N}.json beside it)."""
     from fedrepro.finetune import finetune_job
-    from fedrepro.io import atomic_write_json
+    from fedrepro.io import atomic_write_json, read_json
 
-    runs = json.loads(Path(runs_index).read_text())["runs"]
+    runs = read_json(runs_index)["runs"]
     index = Path(index)
     records = finetune_job(spec, Path(source), Path(target), runs, Path(checkpoint_dir), index.parent,
                            device=device, threads=threads, log=log)
@@ -142,11 +143,12 @@ def finetune(spec: dict, runs_index: Path, source: Path, target: Path, checkpoin
 def aggregate_finetune(indexes: list[Path], summary_csv: Path, curves_csv: Path, log: Callable[[str], None]) -> None:
     """Collect the fine-tuning records listed by each finetune job's seeds.json: one row per run
     (target_acc, best_target_acc, status) and one per run and fine-tuning epoch (the curves)."""
+    from fedrepro.io import read_json
     from fedrepro.report.collect import collect_finetune, write_csv_atomic
 
     files = []
     for index in map(Path, indexes):
-        files += [index.parent / run["file"] for run in json.loads(index.read_text())["runs"]]
+        files += [index.parent / run["file"] for run in read_json(index)["runs"]]
     summary, curves = collect_finetune(files)
     write_csv_atomic(summary, Path(summary_csv))
     write_csv_atomic(curves, Path(curves_csv))
@@ -155,11 +157,12 @@ def aggregate_finetune(indexes: list[Path], summary_csv: Path, curves_csv: Path,
 
 def aggregate(indexes: list[Path], runs_csv: Path, summary_csv: Path, log: Callable[[str], None]) -> None:
     """Collect the seed folders listed by each train job's seeds.json into two tidy CSVs."""
+    from fedrepro.io import read_json
     from fedrepro.report.collect import collect_runs, write_csv_atomic
 
     run_dirs = []
     for index in map(Path, indexes):
-        run_dirs += [index.parent / run["dir"] for run in json.loads(index.read_text())["runs"]]
+        run_dirs += [index.parent / run["dir"] for run in read_json(index)["runs"]]
     runs, summary = collect_runs(run_dirs)
     write_csv_atomic(runs, Path(runs_csv))
     write_csv_atomic(summary, Path(summary_csv))
@@ -187,7 +190,9 @@ def table(spec: dict, summary_csv: Path, runs_csv: Path, published_csv: Path | N
 
 def seed_file(spec: dict, index: Path, name: str, why_missing: str) -> Path:
     """The file ``name`` a train job wrote beside the summary of the figure's seed (``index``: its seeds.json)."""
-    runs = {r["seed"]: r["dir"] for r in json.loads(index.read_text())["runs"]}
+    from fedrepro.io import read_json
+
+    runs = {r["seed"]: r["dir"] for r in read_json(index)["runs"]}
     if spec["seed"] not in runs:
         raise ValueError(f"figure {spec['name']}: seed {spec['seed']} is not among the runs of {index} "
                          f"(seeds {sorted(runs)})")
@@ -201,14 +206,13 @@ def figure(spec: dict, inputs: list[Path], out_stem: Path, log: Callable[[str], 
     """Render one figure; what it reads depends on its kind (runs.csv, summary.csv or partition stats)."""
     import pandas as pd
 
+    from fedrepro.io import open_npz, read_json
     from fedrepro.report import figures, figures_feddisco, figures_fedl2g
 
     kind = spec["kind"]
     if kind == "finetune_curve":  # target accuracy per fine-tuning epoch (finetune_curves.csv)
         figures.render_curves({**spec, "x": "epoch"}, pd.read_csv(inputs[0]), Path(out_stem))
     elif kind == "tsne":  # per method, one seed's anchors and client representations, beside its summary.json
-        import numpy as np
-
         from fedrepro.hetero.job import EMBEDDINGS
         from fedrepro.report.figures_fedl2g import render_tsne
 
@@ -216,17 +220,15 @@ def figure(spec: dict, inputs: list[Path], out_stem: Path, log: Callable[[str], 
         for method, index in zip(spec["methods"], inputs, strict=True):  # one seeds.json per method
             path = seed_file({**spec, "method": method["method"]}, Path(index), EMBEDDINGS,
                              "holds no server vectors to embed (FedL2G's guiding vectors)")
-            with np.load(path) as f:
+            with open_npz(path, "file of embeddings", checksum=False) as f:
                 panels.append({k: f[k] for k in f.files})
         render_tsne(spec, panels, Path(out_stem))
     elif kind == "update_cosine":  # runs.csv and one seed's true-update cosines, beside its summary.json
-        import numpy as np
-
         from fedrepro.asyncfl.job import TRUE_UPDATES
         from fedrepro.report.figures_feddle import render_update_cosine
 
         path = seed_file(spec, Path(inputs[1]), TRUE_UPDATES, "logs no true update (set async.true_update)")
-        with np.load(path) as f:
+        with open_npz(path, "file of true-update cosines", checksum=False) as f:
             render_update_cosine(spec, pd.read_csv(inputs[0]), {k: f[k] for k in f.files}, Path(out_stem))
     elif kind == "curve":  # runs.csv, and summary.csv: which seeds diverged
         figures.render_curves(spec, pd.read_csv(inputs[0]), Path(out_stem), pd.read_csv(inputs[1]))
@@ -237,12 +239,12 @@ def figure(spec: dict, inputs: list[Path], out_stem: Path, log: Callable[[str], 
         summary = add_derived(as_table, pd.read_csv(inputs[0]), pd.read_csv(inputs[1]))
         figures.render_sweep_line(spec, summary, Path(out_stem))
     elif kind in ("partition", "class_histogram"):
-        stats = {s["setting"]: json.loads(Path(p).read_text()) for s, p in zip(spec["settings"], inputs, strict=True)}
+        stats = {s["setting"]: read_json(p, checksum=True) for s, p in zip(spec["settings"], inputs, strict=True)}
         render = {"partition": figures_feddisco.render_partition,
                   "class_histogram": figures_feddisco.render_class_histogram}[kind]
         render(spec, stats, Path(out_stem))
     elif kind == "weight_probe":  # summary.csv, then the setting's partition stats of each seed in spec["seeds"]
-        stats = {seed: json.loads(Path(p).read_text()) for seed, p in zip(spec["seeds"], inputs[1:], strict=True)}
+        stats = {seed: read_json(p, checksum=True) for seed, p in zip(spec["seeds"], inputs[1:], strict=True)}
         figures_feddisco.render_weight_probe(spec, pd.read_csv(inputs[0]), stats, Path(out_stem))
     else:
         render = {"gain_grid": figures_feddisco.render_gain_grid,

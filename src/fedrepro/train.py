@@ -17,11 +17,11 @@ import torch
 import fedrepro
 from fedrepro.algorithms import build_algorithm
 from fedrepro.data.format import Prepared, load_prepared
-from fedrepro.io import atomic_write_json, atomic_write_text
+from fedrepro.io import atomic_write_json, atomic_write_text, remove_checksummed
 from fedrepro.models import build_model
 from fedrepro.partition import load_partition, longtail_test_indices, stratified_subset
 from fedrepro.seeding import INIT, derive_seed
-from fedrepro.sim.checkpoint import SeedFiles, finished_marker, mark_finished
+from fedrepro.sim.checkpoint import Fingerprint, SeedFiles, finished_marker, mark_finished
 from fedrepro.sim.sync import FederatedRun, RunResult, TrainingConfig, request_stop
 from fedrepro.sim.tensors import DeviceData, to_device_data
 
@@ -38,17 +38,22 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def fingerprint(spec: dict, seed: int, data_sha: str, partition: list[np.ndarray]) -> str:
-    """What a checkpoint must match to be resumed: the run's config, seed, data and partition."""
-    h = hashlib.sha256()
+def fingerprint(spec: dict, seed: int, data_sha: str, partition: list[np.ndarray]) -> Fingerprint:
+    """What a checkpoint must match to be resumed: the run's config, seed, data and partition (one digest of
+    all, as checkpoints and markers record it, and one per input, to say which changed)."""
     relevant = {k: v for k, v in spec.items() if k != "training"}
     relevant["training"] = {k: v for k, v in spec["training"].items() if k != "checkpoint_every"}
-    h.update(json.dumps(relevant, sort_keys=True).encode())
-    h.update(f"|seed={seed}|data={data_sha}|".encode())
+    config = json.dumps(relevant, sort_keys=True).encode()
+    whole, config_part, partition_part = hashlib.sha256(), hashlib.sha256(), hashlib.sha256()
+    whole.update(config)
+    whole.update(f"|seed={seed}|data={data_sha}|".encode())
+    config_part.update(config + f"|seed={seed}".encode())
     for idx in partition:
-        h.update(np.ascontiguousarray(idx, dtype=np.int64).tobytes())
-        h.update(b"|")
-    return h.hexdigest()
+        for h in (whole, partition_part):
+            h.update(np.ascontiguousarray(idx, dtype=np.int64).tobytes())
+            h.update(b"|")
+    return Fingerprint(whole.hexdigest(), {"config": config_part.hexdigest(), "data": data_sha,
+                                           "partition": partition_part.hexdigest()})
 
 
 def summarize(result: RunResult, last_k: int) -> dict:
@@ -181,7 +186,7 @@ def run_seeds(
             if files:
                 mark_finished(files, run_fingerprint, out, results[seed], keep_model)
         if files and not keep_checkpoints:  # also one a crash left behind after the marker was written
-            files.checkpoint.unlink(missing_ok=True)
+            remove_checksummed(files.checkpoint)
     return results
 
 

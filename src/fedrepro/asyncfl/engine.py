@@ -256,7 +256,7 @@ class AsyncRun:
         inflight: list[InFlight] = []
         snapshots: dict[int, Tensor] = {}  # dispatch round -> the model sent (parameters)
         buffer_snapshots: dict[int, Tensor] = {}  # dispatch round -> its BatchNorm statistics (models with any)
-        resumed = load_checkpoint(checkpoint, fingerprint) if checkpoint else None
+        resumed = load_checkpoint(checkpoint, fingerprint, self.log) if checkpoint else None
         if resumed is not None:
             if resumed.get("async_format") != ASYNC_FORMAT:
                 raise CheckpointError(

@@ -28,6 +28,7 @@ from fedrepro.data.download import DownloadError, fetch
 from fedrepro.data.format import load_prepared
 from fedrepro.data.images import decode_image
 from fedrepro.data.vision import Arrays, _raw
+from fedrepro.io import open_npz
 
 DOMAINS = ("clipart", "infograph", "painting", "quickdraw", "real", "sketch")
 SIDE = 64
@@ -130,24 +131,22 @@ def prepare_domain(domain: str, raw_dir: Path, side: int = SIDE) -> Arrays:
     return (*arrays, meta)
 
 
-def _meta_of(path: Path) -> dict:
-    with np.load(path, allow_pickle=False) as z:
-        return json.loads(str(z["meta"][()]))
+def _meta_and_counts(path: Path) -> tuple[dict, dict[str, int]]:
+    """A prepared file's meta and its number of train and test samples (its images stay on disk)."""
+    with open_npz(path, "prepared data set") as z:
+        return json.loads(str(z["meta"][()])), {"train": len(z["y_train"]), "test": len(z["y_test"])}
 
 
 def prepare_leave_one_out(target: str, inputs: list[Path]) -> Arrays:
     """The five domains other than ``target``, concatenated domain by domain (``inputs``: their prepared
     files, in ``DOMAINS`` order), each read straight into its place in the preallocated arrays."""
     sources = [d for d in DOMAINS if d != target]
-    metas = [_meta_of(p) for p in inputs]
+    read = [_meta_and_counts(p) for p in inputs]
+    metas, counts = [meta for meta, _ in read], [count for _, count in read]
     if [m.get("domain") for m in metas] != sources:
         raise ValueError(f"domainnet_no_{target}: inputs are {[m.get('domain') for m in metas]}, need {sources}")
     if any(m["classes"] != metas[0]["classes"] or m["shape"] != metas[0]["shape"] for m in metas):
         raise ValueError(f"domainnet_no_{target}: the domains' classes or image shapes differ")
-    counts = []
-    for p in inputs:
-        with np.load(p, allow_pickle=False) as z:
-            counts.append({"train": len(z["y_train"]), "test": len(z["y_test"])})
     shape = tuple(metas[0]["shape"])
     out = {}
     for split in ("train", "test"):

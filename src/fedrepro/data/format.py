@@ -5,6 +5,7 @@ Arrays: ``x_train``/``x_test`` (uint8 images [N, H, W, C]), ``y_train``/``y_test
 (and optionally license). Optional per-sample int64 arrays (``EXTRA_ARRAYS``) may follow: labels the
 partition is drawn over when they are not the training labels (CIFAR-100's fine labels under its 20
 superclasses) and the writer/person of each sample (FEMNIST, CelebA). The file is read without pickle.
+Its sha256 lies beside it in ``<file>.sha256`` (fedrepro.io), checked on every read.
 This module must stay free of torch: light Snakemake rules import it.
 """
 
@@ -128,14 +129,15 @@ def save_prepared(path: Path | str, x_train: np.ndarray, y_train: np.ndarray, x_
     _check(x_train, y_train, x_test, y_test, meta, str(path))
     _check_extras(extras, {"train": len(y_train), "test": len(y_test)}, str(path))
     meta["sha256"] = arrays_sha256(x_train, y_train, x_test, y_test, extras)
-    # atomic: a killed job never leaves a half-written .npz that a later rule would trust
-    atomic_write_npz(path, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test,
+    # atomic: a killed job never leaves a half-written .npz that a later rule would trust; its checksum beside it
+    # is verified on every read (open_npz), by readers that take only the meta or labels too
+    atomic_write_npz(path, checksum=True, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test,
                      meta=np.array(json.dumps(meta, sort_keys=True)), **extras)
     return meta
 
 
 def load_prepared(path: Path | str, into: Mapping[str, np.ndarray] | None = None) -> Prepared:
-    """Load a prepared .npz, checking its keys and its sha256; errors name the file.
+    """Load a prepared .npz, checking its file checksum, keys and arrays' sha256; errors name the file.
 
     ``into``: arrays by key (of ``ARRAY_KEYS``; e.g. slices of larger arrays) to read those arrays into in
     place of new ones (``read_npz_into``)."""

@@ -331,7 +331,7 @@ class HeteroRun:
         result = HeteroResult()
         start_round, bytes_up, bytes_down, seconds = 1, 0, 0, 0.0
         window = _Window()
-        resumed = load_checkpoint(checkpoint, fingerprint) if checkpoint else None
+        resumed = load_checkpoint(checkpoint, fingerprint, self.log) if checkpoint else None
         if resumed is not None:
             if resumed.get("engine") != ENGINE:
                 raise CheckpointError(f"checkpoint {checkpoint} was not written by the heterogeneous-model engine")

@@ -2,11 +2,13 @@
 replaces a seed's checkpoint once it finished: a small marker (its fingerprint, status and the sha256 of its
 run folder's files) and, where fine-tuning reads it, the final model alone. The checkpoint itself goes unless
 the config keeps it (`keep_checkpoints`): at paper scale a finished seed's checkpoint holds every client's
-state (0.5 to 2.3 GB per job), which nothing reads once the seed's metrics are written."""
+state (0.5 to 2.3 GB per job), which nothing reads once the seed's metrics are written.
+Checkpoints and model files carry a checksum beside them (fedrepro.io), verified on every read; a checkpoint
+of an older partition of its seed is set aside (``STALE_DIR``), one of another config or data refused."""
 
 from __future__ import annotations
 
-import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,41 +17,108 @@ from typing import Any
 import torch
 
 from fedrepro.data.weights import sha256sum
-from fedrepro.io import atomic_write, atomic_write_json
+from fedrepro.io import (
+    DamagedFileError,
+    atomic_write,
+    atomic_write_json,
+    checksum_path,
+    read_json,
+    verify_checksum,
+)
 
 FORMAT = 2  # 2: evaluation rows carry client accuracy mean and variance
+RESTART = "delete it to start this run from scratch"
+# a marker is written atomically: one that is no JSON was damaged afterwards
+MARKER_REMEDY = "delete it: its seed then resumes from its checkpoint or trains again"
+# the inputs a run's fingerprint covers (Fingerprint.inputs), as a refusal names them
+INPUTS = {"config": "the run's config (its spec or seed)", "data": "the prepared data set",
+          "partition": "the partition"}
+STALE_DIR = "stale-partition"  # checkpoints of an older partition, set aside under <dir>/<its digest>/
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used for this run (corrupt, or written by another config)."""
 
 
+class Fingerprint(str):
+    """A run's fingerprint (the hex digest that checkpoints and markers record) that also knows the digest of
+    each input it covers (``inputs``: keys of ``INPUTS``), so that a refusal can say which changed. A str, so
+    engines pass it on unchanged and markers written before still match."""
+
+    inputs: dict[str, str]
+
+    def __new__(cls, value: str, inputs: dict[str, str]) -> Fingerprint:
+        fingerprint = super().__new__(cls, value)
+        fingerprint.inputs = inputs
+        return fingerprint
+
+
+def _torch_save(blob: dict[str, Any], tmp: Path) -> None:
+    # through a Python handle: a full disk then raises OSError(ENOSPC), which atomic_write names; torch's own
+    # writer says only "basic_ios::clear: iostream error"
+    with open(tmp, "wb") as fh:
+        torch.save(blob, fh)
+
+
 def save_checkpoint(path: Path, fingerprint: str, payload: dict[str, Any]) -> None:
-    """Write ``payload`` with the run's fingerprint, atomically."""
-    blob = {"format": FORMAT, "fingerprint": fingerprint, **payload}
-    atomic_write(path, lambda tmp: torch.save(blob, tmp))
+    """Write ``payload`` with the run's fingerprint (and its inputs' digests), atomically, with its checksum."""
+    blob = {"format": FORMAT, "fingerprint": str(fingerprint), "inputs": getattr(fingerprint, "inputs", None),
+            **payload}
+    atomic_write(path, lambda tmp: _torch_save(blob, tmp), checksum=True)
 
 
-def load_checkpoint(path: Path, fingerprint: str) -> dict[str, Any] | None:
-    """The checkpoint at ``path`` if it exists and matches ``fingerprint``; None if there is none."""
+def read_checkpoint(path: Path, remedy: str = RESTART) -> Any:
+    """What ``save_checkpoint`` wrote to ``path``, once it matches its checksum; CheckpointError naming the
+    file and ``remedy`` when it does not or cannot be read."""
+    try:
+        verify_checksum(path, remedy)
+    except DamagedFileError as exc:
+        raise CheckpointError(f"checkpoint {exc}") from exc
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # torch raises several types for truncated or foreign files
+        raise CheckpointError(f"checkpoint {path} is corrupt or unreadable ({type(exc).__name__}: {exc}); "
+                              f"{remedy}") from exc
+
+
+def load_checkpoint(path: Path, fingerprint: str, log: Callable[[str], None] = print) -> dict[str, Any] | None:
+    """The checkpoint at ``path`` if it exists and matches ``fingerprint``; None if there is none, or if it
+    was written for another partition of this seed: then it is moved under ``STALE_DIR`` and ``log`` says so
+    (the pipeline rebuilt the partition, so the run starts afresh). Another config or data is refused, naming
+    which."""
     path = Path(path)
     if not path.exists():
         return None
-    try:
-        blob = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # torch raises several types for truncated or foreign files
-        raise CheckpointError(
-            f"checkpoint {path} is corrupt or unreadable ({type(exc).__name__}: {exc}); "
-            "delete it to start this run from scratch"
-        ) from exc
+    blob = read_checkpoint(path)
     if not isinstance(blob, dict) or blob.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path} has an unknown format; delete it to start from scratch")
-    if blob["fingerprint"] != fingerprint:
-        raise CheckpointError(
-            f"checkpoint {path} was written by another configuration (fingerprint {blob['fingerprint'][:12]} "
-            f"!= {fingerprint[:12]}); refusing to resume from it. Delete it to start this run from scratch"
-        )
-    return blob
+    if blob["fingerprint"] == fingerprint:
+        return blob
+    then, now = blob.get("inputs") or {}, getattr(fingerprint, "inputs", None) or {}
+    changed = [k for k in INPUTS if k in then and k in now and then[k] != now[k]]
+    if "partition" in changed:
+        aside = path.parent / STALE_DIR / then["partition"][:12] / path.name
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, aside)
+        os.replace(checksum_path(path), checksum_path(aside))
+        log(f"checkpoint {path} was written for another partition of this seed (digest {then['partition'][:12]}, "
+            f"now {now['partition'][:12]}): set aside as {aside}; this seed starts from scratch")
+        return None
+    raise CheckpointError(_refusal(path, blob["fingerprint"], fingerprint, changed, then, now))
+
+
+def _refusal(path: Path, was: str, wanted: str, changed: list[str], then: dict[str, str],
+             now: dict[str, str]) -> str:
+    """Why the checkpoint at ``path`` (fingerprint ``was``) is not resumed for ``wanted``: the inputs that
+    differ, or, for a checkpoint that records no digest per input, all three."""
+    if not changed:
+        why = (f"by another configuration, data set or partition (fingerprint {was[:12]} != {wanted[:12]}; it "
+               "records no digest per input)")
+    else:
+        lead = "by another configuration" if "config" in changed else "for other inputs"
+        why = lead + ": " + "; ".join(f"{INPUTS[k]} differs (digest {then[k][:12]} then, {now[k][:12]} now)"
+                                      for k in changed)
+    return f"checkpoint {path} was written {why}; refusing to resume from it. Delete it to start this run from scratch"
 
 
 def module_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -120,7 +189,7 @@ def mark_finished(files: SeedFiles, fingerprint: str, out_dir: Path, result: Any
     checkpoint, which the caller may then delete; a crash in between leaves either no marker (the next
     invocation resumes from the finished checkpoint, training nothing) or a valid one."""
     if keep_model:  # the same parameters fine-tuning read from the checkpoint before it was deleted
-        final = torch.load(files.checkpoint, map_location="cpu", weights_only=False)
+        final = read_checkpoint(files.checkpoint)
         save_checkpoint(files.model, fingerprint, {k: final[k] for k in ("w", "status", "diverged_round")})
     atomic_write_json(files.marker, {
         "fingerprint": fingerprint, "status": result.status, "diverged_round": result.diverged_round,
@@ -134,8 +203,8 @@ def finished_marker(files: SeedFiles, fingerprint: str, out_dir: Path, keep_mode
     every run-folder file it lists is unchanged and, when ``keep_model``, the model file is there; else None
     (the seed trains, or resumes from its checkpoint)."""
     try:
-        marker = json.loads(files.marker.read_text())
-    except (OSError, ValueError):  # none yet, or unreadable: not finished
+        marker = read_json(files.marker, remedy=MARKER_REMEDY)
+    except FileNotFoundError:  # not finished (yet)
         return None
     if marker.get("fingerprint") != fingerprint or (keep_model and not files.model.is_file()):
         return None
@@ -166,7 +235,7 @@ def job_footprint(checkpoint_dir: Path, out_dirs: dict[int, Path]) -> DiskFootpr
         if not files.marker.is_file():
             checkpoint_bytes = max(checkpoint_bytes, live)
             continue
-        marker = json.loads(files.marker.read_text())
+        marker = read_json(files.marker, remedy=MARKER_REMEDY)
         checkpoint_bytes = max(checkpoint_bytes, marker["checkpoint_bytes"])
         kept = [files.marker, files.model, *_run_files(out_dir)]
         kept_bytes += live + sum(p.stat().st_size for p in kept if p.is_file())

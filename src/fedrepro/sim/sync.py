@@ -238,7 +238,7 @@ class FederatedRun:
         w = self.w_init.clone()
         result = SyncResult(engine=self.engine.summary() if self.engine else None)
         start_round, bytes_up, bytes_down, seconds = 1, 0, 0, 0.0
-        resumed = load_checkpoint(checkpoint, fingerprint) if checkpoint else None
+        resumed = load_checkpoint(checkpoint, fingerprint, self.log) if checkpoint else None
         if resumed is not None:
             w = resumed["w"].to(w.device)
             self.alg.state = _to_device(resumed["state"], w.device)
