@@ -222,9 +222,10 @@ def test_pipeline_figure_reads_summary_then_one_stats_file_per_seed(tmp_path) ->
     from fedrepro.io import atomic_write_json
     from fedrepro.pipeline import figure
     from fedrepro.report.captions import figure_caption
+    from fedrepro.report.integrity import write_checked_csv
 
     spec, summary, stats = probe_inputs()
-    summary.to_csv(tmp_path / "summary.csv", index=False)
+    write_checked_csv(summary, tmp_path / "summary.csv")  # as the aggregation writes it
     inputs = [tmp_path / "summary.csv"]
     for seed in spec["seeds"]:
         atomic_write_json(tmp_path / f"seed{seed}.json", stats[seed], checksum=True)  # as save_partition writes

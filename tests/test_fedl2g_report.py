@@ -11,6 +11,7 @@ import pytest
 from conftest import REPO, laptop_full_config
 
 from fedrepro.report.derived import add_derived, metric_key
+from fedrepro.report.integrity import write_checked_csv
 from fedrepro.report.published import load_published
 from fedrepro.report.tables import render_table
 
@@ -185,7 +186,7 @@ def test_fig1_bars_the_negative_effect_and_best_accuracy_per_method(tmp_path, mo
                               seed=k, round=r, train_ce=ce, test_acc=acc)
                          for (m, k), (ces, accs) in curves.items()
                          for r, (ce, acc) in enumerate(zip(ces, accs, strict=True), start=1)])
-    runs.to_csv(tmp_path / "runs.csv", index=False)
+    write_checked_csv(runs, tmp_path / "runs.csv")  # as the aggregation writes it
     spec = {"name": "fig1", "kind": "negative_effect", "caption": "Fig. 1", "y": "train_ce",
             "setting": "c100-dir", "setting_label": "Cifar100 Dirichlet",
             "methods": [{"method": "fed_distill", "label": "FedDistill"}, {"method": "fedl2g_f", "label": "FedL2G-f"}]}

@@ -13,6 +13,7 @@ import torch
 
 import fedrepro.train as train
 from fedrepro.report.collect import collect_runs
+from fedrepro.report.integrity import write_checked_csv
 from fedrepro.report.scorecard import build_scorecard
 from fedrepro.sim.sync import RunResult
 
@@ -49,8 +50,8 @@ def test_the_scorecard_lists_each_machine_of_a_study_with_its_runs(tmp_path: Pat
     monkeypatch.setattr(train, "cpu_model", lambda: "Other CPU")
     dirs.append(write(tmp_path, 2))
     runs, summary = collect_runs(dirs)
-    runs.to_csv(tmp_path / "runs.csv", index=False)
-    summary.to_csv(tmp_path / "summary.csv", index=False)
+    write_checked_csv(runs, tmp_path / "runs.csv")  # as the aggregation writes them
+    write_checked_csv(summary, tmp_path / "summary.csv")
     spec = {"name": "t", "caption": "T", "paper_table": "Table 1", "metric": "best_acc", "claims": [],
             "rows": [{"method": "fedavg", "label": "FedAvg"}], "columns": [{"setting": "iid", "label": "IID"}]}
     pd.DataFrame([{"row": "FedAvg", "column": "IID", "method": "fedavg", "setting": "iid", "ours_mean": 50.0,

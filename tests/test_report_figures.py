@@ -28,6 +28,7 @@ from fedrepro.report.figures_feddisco import (
     render_partition,
     render_per_class,
 )
+from fedrepro.report.integrity import write_checked_csv
 
 
 def assert_written(stem: Path) -> None:
@@ -440,8 +441,8 @@ def test_the_figure_job_derives_last_k_max_acc_from_the_curves_for_a_sweep_line(
                          for (m, k), accs in curves.items() for r, a in enumerate(accs)])
     summary = pd.DataFrame([{"study": "s", "setting": "c10", "method": m, "seed": k, "status": "complete",
                              "best_acc": max(accs), "last_k": 2} for (m, k), accs in curves.items()])
-    runs.to_csv(tmp_path / "runs.csv", index=False)
-    summary.to_csv(tmp_path / "summary.csv", index=False)
+    write_checked_csv(runs, tmp_path / "runs.csv")  # as the aggregation writes them
+    write_checked_csv(summary, tmp_path / "summary.csv")
     spec = {**SWEEP_SPEC, "metric": "last_k_max_acc", "x_values": [0, 0.001],
             "lines": [{"label": "In-Domain", "methods": ["f", "f-1"]}]}
     seen = {}

@@ -14,6 +14,7 @@ from conftest import REPO
 
 from fedrepro.config import ConfigError, merge_configfiles, resolve_config
 from fedrepro.report.captions import KINDS, figure_caption, rst_escape, table_caption
+from fedrepro.report.integrity import write_checked_csv
 from fedrepro.report.published import load_published, lookup, trials_behind_sd
 from fedrepro.report.scorecard import build_scorecard, check_claims, render_markdown, score_table
 from fedrepro.report.showcase import BEGIN, END, replace_block, study_section, write_showcase
@@ -451,8 +452,8 @@ def test_scorecard_has_a_convergence_section_per_study_naming_the_runs_that_miss
                          for m, curve in (("a", flat), ("b", climbing)) for r, a in enumerate(curve)])
     summary = pd.DataFrame([dict(setting="x", method=m, seed=0, status="complete", final_acc=70.0,
                                  per_class_acc="[70.0, 70.0]") for m in "ab"])
-    runs.to_csv(tmp_path / "runs.csv", index=False)
-    summary.to_csv(tmp_path / "summary.csv", index=False)
+    write_checked_csv(runs, tmp_path / "runs.csv")  # as the aggregation writes them
+    write_checked_csv(summary, tmp_path / "summary.csv")
     build_scorecard([("s", spec, csv)], "embedded", tmp_path / "sc.md", tmp_path / "sc.html",
                     runs={"s": (tmp_path / "runs.csv", tmp_path / "summary.csv")})
     md, page = (tmp_path / "sc.md").read_text(), (tmp_path / "sc.html").read_text()

@@ -333,15 +333,12 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
                     if s in filled:
                         fail(f"{key}.columns", f"column setting {s!r} is already filled by another shared run")
                     filled.add(s)
-            for col in table["columns"]:
-                if "average_of" in col or col["setting"] in row.get("not_applicable", []):
-                    continue
-                method, setting = table_cell_method(row, col), table_cell_setting(row, col)
-                if (setting, method) not in runs:
-                    fail(f"tables.{t}", f"cell ({method}, {setting}) names a run the grid "
-                         "does not produce; add it to `grid` or remove it from the table")
-                if from_finetune and "target" not in study["settings"][setting]:
-                    fail(f"tables.{t}", f"setting {setting!r} has no `target` to fine-tune on")
+        for setting, method in table_runs(table):
+            if (setting, method) not in runs:
+                fail(f"tables.{t}", f"cell ({method}, {setting}) names a run the grid "
+                     "does not produce; add it to `grid` or remove it from the table")
+            if from_finetune and "target" not in study["settings"][setting]:
+                fail(f"tables.{t}", f"setting {setting!r} has no `target` to fine-tune on")
         for i, claim in enumerate(table["claims"]):
             for problem in claim_problems(claim, table):
                 fail(f"tables.{t}.claims.{i}", problem)
@@ -365,31 +362,20 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
                 if set(variants[0]["values"]) != set(swept) or kinds != {kind_}:
                     fail(f"figures.{f}.{key}", f"a weight_probe's {key} sweeps exactly {list(swept)} of a method "
                                                f"with `weighting: {{kind: {kind_}}}`")
-        needed = set()
-        if fig["kind"] in ("curve", "finetune_curve"):
-            needed = {(s, m) for s in fig["settings"] for m in fig["methods"]}
         if fig["kind"] == "finetune_curve":
             for s in fig["settings"]:
                 if "target" not in study["settings"][s]:
                     fail(f"figures.{f}", f"setting {s!r} has no `target` to fine-tune on")
-        elif fig["kind"] in ("per_class", "negative_effect"):
-            needed = {(fig["setting"], m) for m in fig["methods"]}
-            if fig["kind"] == "negative_effect" and fig["y"] not in LOSSES:
-                fail(f"figures.{f}.y", f"a negative effect is the rise of a loss: one of {LOSSES}, "
-                                       f"not {fig['y']!r}")
+        elif fig["kind"] == "negative_effect" and fig["y"] not in LOSSES:
+            fail(f"figures.{f}.y", f"a negative effect is the rise of a loss: one of {LOSSES}, not {fig['y']!r}")
         elif fig["kind"] in ("tsne", "update_cosine"):
-            needed = {(fig["setting"], m) for m in figure_runs_methods(fig)}
             if fig["kind"] == "update_cosine":
-                needed |= {(s, fig["method"]) for s in fig["settings"]}
                 for s in sorted({fig["setting"], *fig["settings"]}):
                     if study["federation"] != "async" or not run_async(study, s).get("true_update"):
                         fail(f"figures.{f}", f"setting {s!r} logs no true update: set its async.true_update "
                                              "(a federation: async study)")
             if fig["seed"] not in study["seeds"]:
                 fail(f"figures.{f}.seed", f"seed {fig['seed']} is not one of the study's seeds {study['seeds']}")
-        elif fig["kind"] == "gain_grid":
-            needed = {(fig["setting"], v["method"]) for v in study["sweeps"][fig["sweep"]]}
-            needed.add((fig["setting"], fig["baseline"]))
         elif fig["kind"] == "sweep_line":
             for i, line in enumerate(fig["lines"]):
                 setting = line.get("setting", fig["setting"])
@@ -397,20 +383,41 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
                 if len(line["methods"]) != len(fig["x_values"]):
                     fail(f"figures.{f}.lines.{i}.methods", f"{len(line['methods'])} methods for "
                          f"{len(fig['x_values'])} x_values: one run per swept value")
-                needed |= {(setting, m) for m in line["methods"]}
             if fig["x_scale"] == "log" and min(fig["x_values"]) <= 0:
                 fail(f"figures.{f}.x_scale", "a log axis needs positive x_values (categorical spaces them evenly)")
-        elif fig["kind"] == "weight_probe":
-            needed = {(fig["setting"], v["method"]) for key in WEIGHT_PROBE_SWEEPS for v in study["sweeps"][fig[key]]}
-        elif fig["kind"] == "gain_lines":
-            needed = {(p["setting"], m) for p in fig["points"] for ser in fig["series"]
-                      for m in (ser["baseline"], ser["method"])}
-        for s, m in sorted(needed):
+        for s, m in figure_runs(study, fig):
             if (s, m) not in runs:
                 fail(f"figures.{f}", f"({m}, {s}) is not a run of the grid")
 
 
 LOSSES = ("train_ce", "train_loss", "test_loss")  # per-round losses of runs.csv (a negative_effect's y)
+
+
+def figure_runs(study: dict, fig: dict) -> list[tuple[str, str]]:
+    """The (setting, method) runs a figure of the study draws, sorted; every seed of each (none: a partition
+    plot draws partitions)."""
+    kind = fig["kind"]
+    if kind in ("curve", "finetune_curve"):
+        needed = {(s, m) for s in fig["settings"] for m in fig["methods"]}
+    elif kind in ("per_class", "negative_effect"):
+        needed = {(fig["setting"], m) for m in fig["methods"]}
+    elif kind in ("tsne", "update_cosine"):
+        needed = {(fig["setting"], m) for m in figure_runs_methods(fig)}
+        if kind == "update_cosine":
+            needed |= {(s, fig["method"]) for s in fig["settings"]}
+    elif kind == "gain_grid":
+        needed = {(fig["setting"], v["method"]) for v in study["sweeps"][fig["sweep"]]}
+        needed.add((fig["setting"], fig["baseline"]))
+    elif kind == "sweep_line":
+        needed = {(line.get("setting", fig["setting"]), m) for line in fig["lines"] for m in line["methods"]}
+    elif kind == "weight_probe":
+        needed = {(fig["setting"], v["method"]) for key in WEIGHT_PROBE_SWEEPS for v in study["sweeps"][fig[key]]}
+    elif kind == "gain_lines":
+        needed = {(p["setting"], m) for p in fig["points"] for ser in fig["series"]
+                  for m in (ser["baseline"], ser["method"])}
+    else:
+        needed = set()
+    return sorted(needed)
 
 
 def figure_runs_methods(fig: dict) -> list[str]:
@@ -490,6 +497,17 @@ def table_cell_setting(row: dict, column: dict) -> str:
     """The setting whose runs fill a table cell: the column's, or the row's shared run's (``shared_runs``)."""
     shared = table_shared_run(row, column)
     return shared["setting"] if shared else column["setting"]
+
+
+def table_runs(table: dict) -> list[tuple[str, str]]:
+    """The (setting, method) runs whose seeds fill a table's cells (not an `average_of` column's, nor a row's
+    `not_applicable` settings'), in table order, each once."""
+    runs: dict[tuple[str, str], None] = {}
+    for row in table["rows"]:
+        for col in table["columns"]:
+            if "average_of" not in col and col["setting"] not in row.get("not_applicable", []):
+                runs[(table_cell_setting(row, col), table_cell_method(row, col))] = None
+    return list(runs)
 
 
 def column_refs(column: dict) -> set[str]:

@@ -142,38 +142,44 @@ def finetune(spec: dict, runs_index: Path, source: Path, target: Path, checkpoin
 
 def aggregate_finetune(indexes: list[Path], summary_csv: Path, curves_csv: Path, log: Callable[[str], None]) -> None:
     """Collect the fine-tuning records listed by each finetune job's seeds.json: one row per run
-    (target_acc, best_target_acc, status) and one per run and fine-tuning epoch (the curves)."""
+    (target_acc, best_target_acc, status) and one per run and fine-tuning epoch (the curves), each table with
+    its sha256 beside it (fedrepro.report.integrity)."""
     from fedrepro.io import read_json
-    from fedrepro.report.collect import collect_finetune, write_csv_atomic
+    from fedrepro.report.collect import collect_finetune
+    from fedrepro.report.integrity import write_checked_csv
 
     files = []
     for index in map(Path, indexes):
         files += [index.parent / run["file"] for run in read_json(index)["runs"]]
     summary, curves = collect_finetune(files)
-    write_csv_atomic(summary, Path(summary_csv))
-    write_csv_atomic(curves, Path(curves_csv))
+    write_checked_csv(summary, Path(summary_csv))
+    write_checked_csv(curves, Path(curves_csv))
     log(f"{len(summary)} fine-tuned runs, {len(curves)} epoch rows -> {summary_csv}, {curves_csv}")
 
 
 def aggregate(indexes: list[Path], runs_csv: Path, summary_csv: Path, log: Callable[[str], None]) -> None:
-    """Collect the seed folders listed by each train job's seeds.json into two tidy CSVs."""
+    """Collect the seed folders listed by each train job's seeds.json into two tidy CSVs, each with its sha256
+    beside it (fedrepro.report.integrity)."""
     from fedrepro.io import read_json
-    from fedrepro.report.collect import collect_runs, write_csv_atomic
+    from fedrepro.report.collect import collect_runs
+    from fedrepro.report.integrity import write_checked_csv
 
     run_dirs = []
     for index in map(Path, indexes):
         run_dirs += [index.parent / run["dir"] for run in read_json(index)["runs"]]
     runs, summary = collect_runs(run_dirs)
-    write_csv_atomic(runs, Path(runs_csv))
-    write_csv_atomic(summary, Path(summary_csv))
+    write_checked_csv(runs, Path(runs_csv))
+    write_checked_csv(summary, Path(summary_csv))
     log(f"{len(summary)} runs, {len(runs)} evaluation rows -> {runs_csv}, {summary_csv}")
 
 
 def table(spec: dict, summary_csv: Path, runs_csv: Path, published_csv: Path | None, out_stem: Path, scale: str,
           log: Callable[[str], None]) -> None:
-    import pandas as pd
-
+    """Render one table; its aggregated tables are refused unless whole (their checksums) and holding every
+    seed (the spec's ``seeds``, the study's; without them, some seed) of every run of its cells."""
+    from fedrepro.config import table_runs
     from fedrepro.report.derived import add_derived
+    from fedrepro.report.integrity import read_aggregate
     from fedrepro.report.published import load_published
     from fedrepro.report.tables import render_table
 
@@ -183,7 +189,8 @@ def table(spec: dict, summary_csv: Path, runs_csv: Path, published_csv: Path | N
 
         summary = simulate()
     else:
-        summary = add_derived(spec, pd.read_csv(summary_csv), pd.read_csv(runs_csv))
+        cells, seeds = table_runs(spec), spec.get("seeds")
+        summary = add_derived(spec, read_aggregate(summary_csv, cells, seeds), read_aggregate(runs_csv, cells, seeds))
     cells = render_table(spec, summary, published, Path(out_stem), scale)
     log(f"{spec['name']}: {len(cells)} cells -> {out_stem}.{{md,tex,csv}}")
 
@@ -203,15 +210,22 @@ def seed_file(spec: dict, index: Path, name: str, why_missing: str) -> Path:
 
 
 def figure(spec: dict, inputs: list[Path], out_stem: Path, log: Callable[[str], None]) -> None:
-    """Render one figure; what it reads depends on its kind (runs.csv, summary.csv or partition stats)."""
-    import pandas as pd
+    """Render one figure; what it reads depends on its kind (runs.csv, summary.csv or partition stats). An
+    aggregated table is refused unless whole (its checksum) and holding every seed (the spec's ``seeds``, the
+    study's; without them, some seed) of every run the figure draws (the spec's ``drawn_runs``; without them,
+    the runs it holds)."""
+    from functools import partial
 
     from fedrepro.io import open_npz, read_json
     from fedrepro.report import figures, figures_feddisco, figures_fedl2g
+    from fedrepro.report.integrity import read_aggregate
 
     kind = spec["kind"]
-    if kind == "finetune_curve":  # target accuracy per fine-tuning epoch (finetune_curves.csv)
-        figures.render_curves({**spec, "x": "epoch"}, pd.read_csv(inputs[0]), Path(out_stem))
+    read = partial(read_aggregate, runs=spec.get("drawn_runs"), seeds=spec.get("seeds"))
+    if kind == "finetune_curve":  # target accuracy per fine-tuning epoch (finetune_curves.csv; finetune.csv)
+        summary = read(inputs[1]) if len(inputs) > 1 else None
+        curves = read(inputs[0], exempt=figures.diverged_runs(summary))  # a diverged pre-training has no curve
+        figures.render_curves({**spec, "x": "epoch"}, curves, Path(out_stem))
     elif kind == "tsne":  # per method, one seed's anchors and client representations, beside its summary.json
         from fedrepro.hetero.job import EMBEDDINGS
         from fedrepro.report.figures_fedl2g import render_tsne
@@ -229,14 +243,14 @@ def figure(spec: dict, inputs: list[Path], out_stem: Path, log: Callable[[str], 
 
         path = seed_file(spec, Path(inputs[1]), TRUE_UPDATES, "logs no true update (set async.true_update)")
         with open_npz(path, "file of true-update cosines", checksum=False) as f:
-            render_update_cosine(spec, pd.read_csv(inputs[0]), {k: f[k] for k in f.files}, Path(out_stem))
+            render_update_cosine(spec, read(inputs[0]), {k: f[k] for k in f.files}, Path(out_stem))
     elif kind == "curve":  # runs.csv, and summary.csv: which seeds diverged
-        figures.render_curves(spec, pd.read_csv(inputs[0]), Path(out_stem), pd.read_csv(inputs[1]))
+        figures.render_curves(spec, read(inputs[0]), Path(out_stem), read(inputs[1]))
     elif kind == "sweep_line":  # summary.csv, and runs.csv for a metric derived from the curves (last_k_max_acc)
         from fedrepro.report.derived import add_derived
 
         as_table = {"name": spec["name"], "metric": spec["metric"], "columns": [{}]}
-        summary = add_derived(as_table, pd.read_csv(inputs[0]), pd.read_csv(inputs[1]))
+        summary = add_derived(as_table, read(inputs[0]), read(inputs[1]))
         figures.render_sweep_line(spec, summary, Path(out_stem))
     elif kind in ("partition", "class_histogram"):
         stats = {s["setting"]: read_json(p, checksum=True) for s, p in zip(spec["settings"], inputs, strict=True)}
@@ -245,13 +259,13 @@ def figure(spec: dict, inputs: list[Path], out_stem: Path, log: Callable[[str], 
         render(spec, stats, Path(out_stem))
     elif kind == "weight_probe":  # summary.csv, then the setting's partition stats of each seed in spec["seeds"]
         stats = {seed: read_json(p, checksum=True) for seed, p in zip(spec["seeds"], inputs[1:], strict=True)}
-        figures_feddisco.render_weight_probe(spec, pd.read_csv(inputs[0]), stats, Path(out_stem))
+        figures_feddisco.render_weight_probe(spec, read(inputs[0]), stats, Path(out_stem))
     else:
         render = {"gain_grid": figures_feddisco.render_gain_grid,
                   "gain_lines": figures_feddisco.render_gain_lines,
                   "per_class": figures_feddisco.render_per_class,
                   "negative_effect": figures_fedl2g.render_negative_effect}[kind]
-        render(spec, pd.read_csv(inputs[0]), Path(out_stem))
+        render(spec, read(inputs[0]), Path(out_stem))
     log(f"{spec['name']} ({kind}) -> {out_stem}.{{png,pdf}}")
 
 
@@ -260,13 +274,21 @@ def scorecard(tables: list[dict], cell_csvs: list[Path], scale: str, md_out: Pat
               runs: dict[str, list[Path]] | None = None, papers: dict[str, str | None] | None = None) -> None:
     """Score every table (``tables``: {study, spec}, in the order of ``cell_csvs``) into one scorecard;
     ``coverage``: study -> [published cells shown, published cells]; ``runs``: study -> [runs.csv, summary.csv]
-    for its convergence section; ``papers``: study -> its paper's key (the trials behind the published sds)."""
+    for its convergence section, which must hold every seed (the specs' ``seeds``) of every run the study's
+    tables show; ``papers``: study -> its paper's key (the trials behind the published sds)."""
+    from fedrepro.config import table_runs
     from fedrepro.report.scorecard import build_scorecard
 
+    shown: dict[str, tuple[list[tuple[str, str]], list[int] | None]] = {}
+    for t in tables:
+        if t["spec"].get("source") != "simulation":  # a simulated table shows no runs
+            earlier = shown.get(t["study"], ([], None))[0]
+            shown[t["study"]] = (earlier + table_runs(t["spec"]), t["spec"].get("seeds"))
     scores = build_scorecard([(t["study"], t["spec"], Path(p)) for t, p in zip(tables, cell_csvs, strict=True)],
                              scale, Path(md_out), Path(html_out),
                              {s: (c[0], c[1]) for s, c in coverage.items()} if coverage else None,
-                             {s: (Path(r[0]), Path(r[1])) for s, r in runs.items()} if runs else None, papers)
+                             {s: (Path(r[0]), Path(r[1])) for s, r in runs.items()} if runs else None, papers,
+                             shown)
     claims = [c for s in scores for c in s.claims]
     log(f"{len(scores)} tables, {sum(c.holds is True for c in claims)} of {len(claims)} ranking claims hold "
         f"-> {md_out}, {html_out}")

@@ -97,10 +97,13 @@ def write_run(out_dir: Path, spec: dict, seed: int, result: RunResult, device: t
     lines = [",".join(columns)]
     lines += [",".join(repr(row.get(c)) if isinstance(row.get(c), float) else str(row.get(c, "")) for c in columns)
               for row in result.history]
-    atomic_write_text(out_dir / "metrics.csv", "\n".join(lines) + "\n")
+    metrics = "\n".join(lines) + "\n"
+    atomic_write_text(out_dir / "metrics.csv", metrics)
     last = result.history[-1] if result.history else {}
     summary = {
         "study": spec["study"], "setting": spec["setting"], "method": spec["method"], "seed": seed,
+        # what the aggregation checks metrics.csv against (fedrepro.report.collect): a cut file may still parse
+        "metrics_sha256": hashlib.sha256(metrics.encode()).hexdigest(),
         "status": result.status, "diverged_round": result.diverged_round, "stopped_round": result.stopped_round,
         "rounds": spec["training"]["rounds"], "last_k": spec["training"]["last_k"],
         **summarize(result, spec["training"]["last_k"]),

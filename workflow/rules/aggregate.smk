@@ -1,4 +1,5 @@
-# Aggregation: every run of a study into one tidy table (one row per run and evaluation round).
+# Aggregation: every run of a study into one tidy table (one row per run and evaluation round), and one row per
+# run; each with its sha256 beside it, which tables, figures and the scorecard check (fedrepro.report.integrity).
 
 
 localrules:
@@ -13,6 +14,8 @@ rule aggregate:
     output:
         runs=f"{RES}/{{study}}/runs.csv",
         summary=f"{RES}/{{study}}/summary.csv",
+        runs_sha256=f"{RES}/{{study}}/runs.csv.sha256",
+        summary_sha256=f"{RES}/{{study}}/summary.csv.sha256",
     log:
         f"{RES}/{{study}}/logs/aggregate.log",
     conda:

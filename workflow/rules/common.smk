@@ -11,6 +11,7 @@ sys.path.insert(0, SRC)
 
 from fedrepro.config import (  # noqa: E402
     ConfigError,
+    figure_runs,
     figure_runs_methods,
     finetune_spec,
     grid_runs,
@@ -109,12 +110,14 @@ def showcase_caption():
 
 
 def table_spec(study, name):
-    """A table of the study file with labels filled in from the methods and settings."""
+    """A table of the study file with labels filled in from the methods and settings, and the study's seeds
+    (each cell's runs must have rows for every one)."""
     s = STUDIES[study]
     t = s["tables"][name]
     return {
         **t,
         "name": name,
+        "seeds": list(s["seeds"]),
         # a simulated table's rows and columns are no study methods or settings: they carry their own labels
         "rows": [{"label": r["label"] if "label" in r else label_of(s, "methods", r["method"]), "paper": None, **r}
                  for r in t["rows"]],
@@ -126,10 +129,11 @@ def table_spec(study, name):
 
 
 def figure_spec(study, name):
-    """A figure of the study file with labels, and a sweep's cells, filled in."""
+    """A figure of the study file with labels, and a sweep's cells, filled in, and the runs it draws and the
+    study's seeds (its tables must have rows for every one)."""
     s = STUDIES[study]
     f = s["figures"][name]
-    spec = {**f, "name": name}
+    spec = {**f, "name": name, "drawn_runs": [list(r) for r in figure_runs(s, f)], "seeds": list(s["seeds"])}
     if "settings" in f:
         spec["settings"] = [{"setting": k, "label": label_of(s, "settings", k)} for k in f["settings"]]
     if "methods" in f:
@@ -177,15 +181,15 @@ def table_runs(wildcards):
 
 def figure_inputs(wildcards):
     """runs.csv for negative effects, runs.csv and summary.csv (which seeds diverged) for curves,
-    finetune_curves.csv for fine-tuning curves, partition stats for partition plots, summary.csv and every
+    finetune_curves.csv and finetune.csv for fine-tuning curves, partition stats for partition plots, summary.csv and every
     seed's partition stats for weight probes, summary.csv (and runs.csv: sweep_line) for the rest."""
     f = study_of(wildcards)["figures"][wildcards.figure]
     if f["kind"] == "negative_effect":
         return [f"{RES}/{wildcards.study}/runs.csv"]
     if f["kind"] == "curve":
         return [f"{RES}/{wildcards.study}/runs.csv", f"{RES}/{wildcards.study}/summary.csv"]
-    if f["kind"] == "finetune_curve":
-        return [f"{RES}/{wildcards.study}/finetune_curves.csv"]
+    if f["kind"] == "finetune_curve":  # and finetune.csv: which pre-trainings diverged (no curve)
+        return [f"{RES}/{wildcards.study}/finetune_curves.csv", f"{RES}/{wildcards.study}/finetune.csv"]
     if f["kind"] in ("partition", "class_histogram"):
         return [f"{RES}/{wildcards.study}/partitions/{s}/seed{f['seed']}.json" for s in f["settings"]]
     if f["kind"] == "weight_probe":  # and each seed's partition stats: the pairs and sizes differ per seed

@@ -34,13 +34,15 @@ rule finetune:
 
 
 # Every fine-tuned run of a study: finetune.csv (one row per run; tables with `source: finetune`) and
-# finetune_curves.csv (one row per run and epoch; figures of kind finetune_curve).
+# finetune_curves.csv (one row per run and epoch; figures of kind finetune_curve), each with its sha256 beside it.
 rule aggregate_finetune:
     input:
         lambda w: finetune_indexes(w.study),
     output:
         summary=f"{RES}/{{study}}/finetune.csv",
         curves=f"{RES}/{{study}}/finetune_curves.csv",
+        summary_sha256=f"{RES}/{{study}}/finetune.csv.sha256",
+        curves_sha256=f"{RES}/{{study}}/finetune_curves.csv.sha256",
     log:
         f"{RES}/{{study}}/logs/aggregate_finetune.log",
     conda:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import csv
+import hashlib
+import io
 import json
+import math
 import re
 from pathlib import Path
 
@@ -28,6 +32,11 @@ PER_CLASS = "per_class_acc"
 # Optional per-run keys of summary.json's "machine" block (fedrepro.train.machine): which CPU, and which of
 # torch's CPU kernels, produced the run; "" for the runs recorded without one.
 MACHINE = ["cpu", "cpu_capability"]
+# summary.json's sha256 of its metrics.csv (train.write_run); runs recorded before it have none
+METRICS_SHA256 = "metrics_sha256"
+# how close a summary.json number must be to the one recomputed from metrics.csv: the file prints every float
+# with repr, so the two agree to the last bits, up to the mean's summation order
+AGREE_TOLERANCE = 1e-9
 
 
 class RunDataError(ValueError):
@@ -39,15 +48,8 @@ def _is_number_or_null(v: object) -> bool:
     return v is None or (isinstance(v, int | float) and not isinstance(v, bool))
 
 
-def _read_summary(path: Path) -> dict:
-    if not path.is_file():
-        raise FileNotFoundError(f"missing run summary: {path}")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise RunDataError(f"unreadable run summary {path}: {err}") from err
-    if not isinstance(data, dict):
-        raise RunDataError(f"run summary {path} is not a JSON object")
+def _read_summary(path: Path, data: dict) -> dict:
+    """summary.json's row of the summary table (``data``: the file's object, from ``_read_json``)."""
     missing = [k for k in SUMMARY_COLUMNS if k not in data]
     if missing:
         raise RunDataError(f"run summary {path} lacks keys {missing}")
@@ -67,12 +69,37 @@ def _read_summary(path: Path) -> dict:
     return row
 
 
-def _read_metrics(path: Path) -> pd.DataFrame:
+def _retrain(path: Path) -> str:
+    # the train job's index: deleting it makes Snakemake rerun the job, which trains every seed whose run
+    # folder no longer matches its finished marker
+    return f"rerun its train job (delete {path.parent.parent / 'seeds.json'}, then rerun snakemake)"
+
+
+def _read_metrics(path: Path, summary: dict) -> pd.DataFrame:
+    """The run's metrics.csv, refused unless it is whole: the sha256 its summary.json recorded, a final newline
+    (a cut mid-line still parses: bytes_down 2132 for 2132448), every line as wide as the header and every value
+    a number (empty: none)."""
     if not path.is_file():
         raise FileNotFoundError(f"missing run metrics: {path}")
     try:
-        df = pd.read_csv(path)
-    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+        data = path.read_bytes()
+        text = data.decode()
+    except (OSError, UnicodeDecodeError) as err:
+        raise RunDataError(f"unreadable run metrics {path}: {err}") from err
+    recorded = summary.get(METRICS_SHA256)
+    if recorded is not None and hashlib.sha256(data).hexdigest() != recorded:
+        raise RunDataError(f"run metrics {path} do not match the sha256 its summary.json recorded: cut or edited "
+                           f"after the run; {_retrain(path)}")
+    if not text.endswith("\n"):
+        raise RunDataError(f"run metrics {path} end mid-line (no final newline): the file was cut; {_retrain(path)}")
+    lines = list(csv.reader(io.StringIO(text)))
+    for number, line in enumerate(lines[1:], start=2):
+        if len(line) != len(lines[0]):
+            raise RunDataError(f"run metrics {path}: line {number} has {len(line)} fields, the header "
+                               f"{len(lines[0])}: the file was cut or damaged; {_retrain(path)}")
+    try:
+        df = pd.read_csv(io.StringIO(text))
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as err:
         raise RunDataError(f"unreadable run metrics {path}: {err}") from err
     missing = [c for c in METRIC_COLUMNS if c not in df.columns]
     if missing:
@@ -80,7 +107,58 @@ def _read_metrics(path: Path) -> pd.DataFrame:
     clash = [c for c in KEYS if c in df.columns]
     if clash:
         raise RunDataError(f"run metrics {path} has columns {clash} that collide with the run keys")
+    for col in df.columns:
+        if not pd.api.types.is_numeric_dtype(df[col]):  # every metric is a number, or empty
+            word = df[col][pd.to_numeric(df[col], errors="coerce").isna() & df[col].notna()].iloc[0]
+            raise RunDataError(f"run metrics {path}: column {col!r} holds {word!r}, not a number: the file was "
+                               f"damaged; {_retrain(path)}")
     return df
+
+
+def _check_rounds(path: Path, metrics: pd.DataFrame, summary: dict) -> None:
+    """Every round the run evaluated has its row: each eval_every-th up to the round it ended at (its last,
+    the round it diverged at, or the one early stopping ended it at: each is evaluated), and that one."""
+    config = summary.get("config")
+    training = config.get("training") if isinstance(config, dict) else None
+    if not isinstance(training, dict) or not {"rounds", "eval_every"} <= training.keys():
+        return  # a summary not written by train.write_run says nothing about its rounds
+    end = summary["diverged_round"] or summary.get("stopped_round") or training["rounds"]
+    every = training["eval_every"]
+    expected = [*range(every, end + 1, every)] + ([end] if end % every else [])
+    rounds = metrics["round"].tolist()
+    if rounds != expected:
+        lost = sorted(set(expected) - set(rounds))
+        why = (f"rounds {lost[:5]}{' ...' if len(lost) > 5 else ''} are missing" if lost
+               else f"its rounds are {rounds[:8]}{' ...' if len(rounds) > 8 else ''}")
+        raise RunDataError(
+            f"run metrics {path} have {len(rounds)} evaluation rows where its config (rounds {training['rounds']}, "
+            f"eval_every {every}) and summary.json (status {summary['status']}, diverged_round "
+            f"{summary['diverged_round']}, stopped_round {summary.get('stopped_round')}) call for {len(expected)}: "
+            f"{why}; {_retrain(path)}")
+
+
+def _agree(recorded: object, recomputed: float | None) -> bool:
+    if recorded is None or recomputed is None:
+        return recorded is None and recomputed is None
+    if not _is_number_or_null(recorded):
+        return False
+    if math.isnan(recorded) or math.isnan(recomputed):
+        return math.isnan(recorded) and math.isnan(recomputed)
+    return math.isclose(recorded, recomputed, rel_tol=AGREE_TOLERANCE, abs_tol=AGREE_TOLERANCE)
+
+
+def _check_summary_agrees(path: Path, metrics: pd.DataFrame, summary: dict) -> None:
+    """summary.json's final, best and last-k accuracies are those of its metrics.csv (train.summarize)."""
+    accs = [float(a) for a in metrics["test_acc"]]
+    recomputed = {"final_acc": accs[-1] if accs else None, "best_acc": max(accs) if accs else None}
+    if isinstance(summary["last_k"], int):
+        last = accs[-summary["last_k"]:]
+        recomputed["last_k_acc"] = sum(last) / len(last) if last else None
+    for key, value in recomputed.items():
+        if not _agree(summary[key], value):
+            raise RunDataError(f"{path.parent / 'summary.json'} says {key} {summary[key]!r} but its metrics.csv "
+                               f"({len(accs)} evaluation rows) gives {value!r}: one of them is not the run's; "
+                               f"{_retrain(path)}")
 
 
 def _check_path_matches(run_dir: Path, summary: dict) -> None:
@@ -108,8 +186,11 @@ def collect_runs(run_dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
     rows: list[dict] = []
     seen: dict[tuple, Path] = {}
     for run_dir in map(Path, run_dirs):
-        summary = _read_summary(run_dir / "summary.json")
-        metrics = _read_metrics(run_dir / "metrics.csv")
+        data = _read_json(run_dir / "summary.json", "run summary")
+        summary = _read_summary(run_dir / "summary.json", data)
+        metrics = _read_metrics(run_dir / "metrics.csv", data)
+        _check_rounds(run_dir / "metrics.csv", metrics, data)
+        _check_summary_agrees(run_dir / "metrics.csv", metrics, data)
         _check_path_matches(run_dir, summary)
         key = tuple(summary[k] for k in KEYS)
         if key in seen:
@@ -157,12 +238,13 @@ def collect_finetune(files: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
     one row per run (``FINETUNE_COLUMNS``) and one per run and fine-tuning epoch (``CURVE_COLUMNS``)."""
     rows, curves, seen = [], [], {}
     for path in map(Path, files):
-        data = _read_json(path)
+        data = _read_json(path, "fine-tuning record")
         missing = [k for k in [*FINETUNE_COLUMNS, "curve"] if k not in data]
         if missing:
             raise RunDataError(f"fine-tuning record {path} lacks keys {missing}")
         if data["status"] not in STATUSES:
             raise RunDataError(f"fine-tuning record {path}: status {data['status']!r} not in {sorted(STATUSES)}")
+        _check_finetune_curve(path, data)
         key = tuple(data[k] for k in KEYS)
         if key in seen:
             raise RunDataError(f"fine-tuned run {key} appears twice: {seen[key]} and {path}")
@@ -178,13 +260,42 @@ def collect_finetune(files: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
             curve_df.sort_values([*KEYS, "epoch"], kind="stable").reset_index(drop=True))
 
 
-def _read_json(path: Path) -> dict:
+def _refinetune(path: Path) -> str:
+    return f"delete {path.parent / 'seeds.json'} (its fine-tuning job's index) and rerun snakemake to fine-tune again"
+
+
+def _check_finetune_curve(path: Path, data: dict) -> None:
+    """A fine-tuned run's curve has every epoch its config asks for, and its target accuracies are the curve's
+    (finetune.finetune_job); a diverged pre-training was not fine-tuned: no curve."""
+    curve = data["curve"]
+    if data["status"] == "diverged":
+        if curve:
+            raise RunDataError(f"fine-tuning record {path}: status diverged (not fine-tuned) but it has a curve; "
+                               f"{_refinetune(path)}")
+        return
+    config = data.get("config")
+    epochs = config.get("epochs") if isinstance(config, dict) else None
+    got = [row.get("epoch") if isinstance(row, dict) else None for row in curve]
+    if not curve or (epochs is not None and got != list(range(1, epochs + 1))):
+        raise RunDataError(f"fine-tuning record {path}: its curve has epochs {got[:8]}{' ...' if len(got) > 8 else ''}"
+                           f", its config asks for {epochs}; {_refinetune(path)}")
+    accs = [row.get("test_acc") for row in curve]
+    if not all(a is not None and _is_number_or_null(a) for a in accs):
+        raise RunDataError(f"fine-tuning record {path}: a curve test_acc is not a number")
+    for key, value in (("target_acc", accs[-1]), ("best_target_acc", max(accs))):
+        if not _agree(data[key], value):
+            raise RunDataError(f"fine-tuning record {path} says {key} {data[key]!r} but its curve gives {value!r}; "
+                               f"{_refinetune(path)}")
+
+
+def _read_json(path: Path, what: str) -> dict:
+    """The JSON object in ``path``, ``what`` naming it in errors (a run summary, a fine-tuning record)."""
     if not path.is_file():
-        raise FileNotFoundError(f"missing fine-tuning record: {path}")
+        raise FileNotFoundError(f"missing {what}: {path}")
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise RunDataError(f"unreadable fine-tuning record {path}: {err}") from err
+        raise RunDataError(f"unreadable {what} {path}: {err}") from err
     if not isinstance(data, dict):
-        raise RunDataError(f"fine-tuning record {path} is not a JSON object")
+        raise RunDataError(f"{what} {path} is not a JSON object")
     return data

@@ -19,6 +19,7 @@ from fedrepro.config import column_refs
 from fedrepro.report.collect import MACHINE, write_text_atomic
 from fedrepro.report.convergence import StudyConvergence, convergence_blocks, study_convergence
 from fedrepro.report.derived import LAST_K_MAX, SUMMARY_METRICS, lower_is_better, metric_key
+from fedrepro.report.integrity import read_aggregate
 from fedrepro.report.published import trials_behind_sd
 from fedrepro.report.tables import decimals
 
@@ -580,22 +581,27 @@ def render_html(scores: list[TableScore], scale: str, coverage: dict[str, tuple[
 def build_scorecard(tables: list[tuple[str, dict, Path]], scale: str, md_out: Path, html_out: Path,
                     coverage: dict[str, tuple[int, int]] | None = None,
                     runs: dict[str, tuple[Path, Path]] | None = None,
-                    papers: dict[str, str | None] | None = None) -> list[TableScore]:
+                    papers: dict[str, str | None] | None = None,
+                    shown_runs: dict[str, tuple[list[tuple[str, str]], list[int] | None]] | None = None,
+                    ) -> list[TableScore]:
     """Score every (study, table spec, cell CSV) and write the Markdown and HTML scorecards, with each
     study's published cells shown / published cells (``coverage``, fedrepro.report.coverage) and, given its
     (runs.csv, summary.csv) in ``runs``, its convergence section (fedrepro.report.convergence) and the machines
     its runs came from; ``papers``: study -> its paper's key, whose trial count
-    (fedrepro.report.published.TRIALS) gives the published sds' SE."""
+    (fedrepro.report.published.TRIALS) gives the published sds' SE. A study's runs.csv and summary.csv are
+    refused unless whole (their checksums) and holding every seed of every run of ``shown_runs`` (study ->
+    (setting, method) runs, seeds; by default the runs they hold: fedrepro.report.integrity.require_runs)."""
     cells = [(study, spec, pd.read_csv(path)) for study, spec, path in tables]
     scores = [score_table(study, spec, table_cells,
                           trials_behind_sd((papers or {}).get(study), spec.get("paper_table")))
               for study, spec, table_cells in cells]
-    convergence = {
-        study: study_convergence(study, pd.read_csv(runs_csv), pd.read_csv(summary_csv),
-                                 [(spec, c) for s, spec, c in cells if s == study])
-        for study, (runs_csv, summary_csv) in (runs or {}).items()
-    }
-    machines = {study: machines_line(pd.read_csv(summary_csv)) for study, (_, summary_csv) in (runs or {}).items()}
+    convergence, machines = {}, {}
+    for study, paths in (runs or {}).items():
+        shown, seeds = (shown_runs or {}).get(study, (None, None))
+        study_runs, summary = (read_aggregate(path, shown, seeds) for path in paths)
+        convergence[study] = study_convergence(study, study_runs, summary,
+                                               [(spec, c) for s, spec, c in cells if s == study])
+        machines[study] = machines_line(summary)
     write_text_atomic(render_markdown(scores, scale, coverage, convergence, machines), Path(md_out))
     write_text_atomic(render_html(scores, scale, coverage, convergence, machines), Path(html_out))
     return scores
