@@ -15,14 +15,14 @@ include: "workflow/rules/common.smk"
 
 
 # names in paths are plain identifiers (method and setting names may hold the "." of a swept value),
-# so no wildcard can swallow a "/"
+# so no wildcard can swallow a "/"; the config check refuses any other name (fedrepro.config.NAME_PATTERNS)
 wildcard_constraints:
-    study=r"[A-Za-z0-9_\-]+",
-    setting=r"[A-Za-z0-9_.\-]+",
-    method=r"[A-Za-z0-9_.\-]+",
+    study=NAME_PATTERNS["studies"],
+    setting=NAME_PATTERNS["settings"],
+    method=NAME_PATTERNS["methods"],
     dataset=r"[A-Za-z0-9_\-]+",
-    table=r"[A-Za-z0-9_\-]+",
-    figure=r"[A-Za-z0-9_\-]+",
+    table=NAME_PATTERNS["tables"],
+    figure=NAME_PATTERNS["figures"],
     seed=r"\d+",
 
 

@@ -148,7 +148,7 @@ def test_client_mean_tests_the_weighted_client_models_while_clients_train_from_t
 @pytest.mark.parametrize("algorithm", ["feddyn", "feddc"])
 def test_evaluated_model_choice_is_checked(algorithm):
     assert build_algorithm(algorithm).evaluate == "server"  # the papers' model by default
-    with pytest.raises(ValueError, match=r"unknown evaluate 'average'; choices: \['server', 'client_mean'\]"):
+    with pytest.raises(ValueError, match=r"evaluate: 'average' is not one of \['server', 'client_mean'\]"):
         build_algorithm(algorithm, evaluate="average")
 
 

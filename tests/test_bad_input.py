@@ -112,6 +112,12 @@ def test_a_diverged_method_is_reported_with_its_round_and_the_rest_renders(done)
      "methods.ok.training.lr: -0.1 is less than or equal to the minimum of 0"),
     ("rows: [{method: ok}, {method: boom}]", "rows: [{method: ok}, {method: bom}]",
      "tables.t1: cell (bom, iid) names a run the grid does not produce"),
+    ("ok: {algorithm: fedavg, label: FedAvg}", "ok: {algorithm: fedprox, label: FedAvg, hparams: {mu: lots}}",
+     "methods.ok.hparams.mu: 'lots' is not a number"),
+    ("last_k: 2}", "last_k: 2, straggler_steps: [5, 2]}", "defaults.straggler_steps: [5, 2]: [lo, hi] needs lo <= hi"),
+    ("{kind: iid, clients: 3}", "{kind: iid, clients: 100000}",
+     "settings.iid.partition.clients: 100000 clients share the 1347 training samples of digits: some would hold none"),
+    ("  ok: {algorithm", "  fed/ok: {algorithm", "methods: 'fed/ok' is no usable name"),
 ])
 def test_b_an_invalid_edit_after_a_run_is_refused_naming_file_and_key_and_loses_nothing(run_dir, old, new, message):
     before = hashes(run_dir)

@@ -108,7 +108,57 @@ def test_a_jobs_resources_are_train_resources_overridden_by_its_setting_then_its
         (lambda c: c["studies"]["fedl2g"].update(federation="hetro"), r"federation: 'hetro' is not one of"),
         (lambda c: study(c)["settings"]["niid1"]["partition"].update(pool_test=True),
          r"settings.niid1.partition.pool_test: only a `federation: hetero` study"),
-        (lambda c: c.update(device="gpu"), r"device: 'gpu' is not one of"),
+        (lambda c: c.update(device="gpu"),
+         r"device: 'gpu' is not one of \['auto', 'cpu', 'cuda'\] \(did you mean 'cuda'\?\)"),
+        # hyper-parameters by the type and range their method's __init__ declares, in every kind of federation
+        (lambda c: study(c)["methods"]["fedprox"]["hparams"].update(mu="lots"),
+         r"studies.feddisco.methods.fedprox.hparams.mu: 'lots' is not a number"),
+        (lambda c: study(c)["methods"]["fedprox"]["hparams"].update(mu=-5.0),
+         r"studies.feddisco.methods.fedprox.hparams.mu: must be >= 0, got -5.0"),
+        (lambda c: study(c)["methods"]["fedprox"]["hparams"].update(mu=True), r"hparams.mu: True is not a number"),
+        (lambda c: c["studies"]["fedl2g"]["methods"]["fedl2g_f"].setdefault("hparams", {}).update(warmup_rounds=2.5),
+         r"studies.fedl2g.methods.fedl2g_f.hparams.warmup_rounds: 2.5 is not an integer"),
+        (lambda c: c["studies"]["fedl2g"]["methods"]["fedproto"].setdefault("hparams", {}).update(inference="protoype"),
+         r"methods.fedproto.hparams.inference: 'protoype' is not one of \['prototype', 'head'\] "
+         r"\(did you mean 'prototype'\?\)"),
+        (lambda c: c["studies"]["feddle"]["methods"]["fedbuff"]["hparams"].update(buffer_size=0),
+         r"studies.feddle.methods.fedbuff.hparams.buffer_size: must be >= 1, got 0"),
+        (lambda c: c["studies"]["feddle"]["methods"]["feddle"]["hparams"].update(grad_cosine="yes"),
+         r"methods.feddle.hparams.grad_cosine: 'yes' is not true or false"),
+        # training and partitions that cannot run, from the data set's known size
+        (lambda c: study(c)["defaults"].update(straggler_steps=[5, 2]),
+         r"studies.feddisco.defaults.straggler_steps: \[5, 2\]: \[lo, hi\] needs lo <= hi"),
+        (lambda c: study(c)["methods"]["fedprox"].update(training={"straggler_steps": [5, 2]}),
+         r"methods.fedprox.training.straggler_steps: \[5, 2\]"),
+        (lambda c: study(c)["settings"]["niid1"]["partition"].update(clients=100000),
+         r"settings.niid1.partition.clients: 100000 clients share the 6000 samples it partitions \(`samples`\): "
+         r"some would hold none"),
+        (lambda c: study(c)["settings"]["niid1"]["partition"].update(samples=None, clients=100000),
+         r"settings.niid1.partition.clients: 100000 clients share the 60000 training samples of fashion_mnist"),
+        (lambda c: study(c)["settings"]["niid1"]["partition"].update(samples=70000),
+         r"settings.niid1.partition.samples: 70000 is more than the 60000 training samples of fashion_mnist"),
+        (lambda c: study(c)["settings"]["niid1"]["partition"].update(min_size=5000),
+         r"settings.niid1.partition.min_size: 10 clients x min_size 5000 = 50000 samples, more than the 6000"),
+        (lambda c: c["studies"]["fedl2g"]["settings"]["pat"]["partition"].update(classes_per_client=20),
+         r"studies.fedl2g.settings.pat.partition.classes_per_client: 20 is more than the 10 classes of digits"),
+        # names that become folders and files
+        (lambda c: study(c)["methods"].update({"fed/prox": study(c)["methods"].pop("fedprox")}),
+         r"studies.feddisco.methods: 'fed/prox' is no usable name: .* must match \[A-Za-z0-9_.\\-\]\+"),
+        (lambda c: study(c)["settings"].update({"niid 1": study(c)["settings"].pop("niid1")}),
+         r"studies.feddisco.settings: 'niid 1' is no usable name"),
+        (lambda c: study(c)["tables"].update({"table.1": study(c)["tables"].pop("table1")}),
+         r"studies.feddisco.tables: 'table.1' is no usable name: .* must match \[A-Za-z0-9_\\-\]\+"),
+        (lambda c: c["studies"].update({"fed/disco": c["studies"].pop("feddisco")}),
+         r"studies: 'fed/disco' is no usable name"),
+        # a results root of its own, inside the working directory unless allowed outside
+        (lambda c: c.update(results_dir="/"), r"results_dir: '/' is the file system's root"),
+        (lambda c: c.update(results_dir="/", allow_results_outside=True),
+         r"results_dir: '/' is the file system's root"),
+        (lambda c: c.update(results_dir=""), r"results_dir: '' is the working directory itself"),
+        (lambda c: c.update(results_dir="results/.."), r"results_dir: 'results/..' is the working directory itself"),
+        (lambda c: c.update(results_dir="../elsewhere"),
+         r"results_dir: '../elsewhere' lies outside the working directory .*; set allow_results_outside: true"),
+        (lambda c: c.update(results_dir="/tmp/fedrepro-results"), r"results_dir: '/tmp/fedrepro-results' lies outside"),
         (lambda c: study(c)["tables"]["table1"].update(compare_levels="yes"),
          r"tables.table1.compare_levels: 'yes' is not of type 'boolean', 'null'"),
         (lambda c: c.update(studys={}), r"unknown key 'studys' \(did you mean 'studies'\?\)"),
@@ -119,6 +169,12 @@ def test_bad_input_names_the_key(config, mutate, expected):
     mutate(bad)
     with pytest.raises(ConfigError, match=expected):
         resolve_config(bad)
+
+
+def test_results_outside_the_working_directory_need_the_opt_in(config, tmp_path):
+    resolved = resolve_config({**config, "results_dir": str(tmp_path / "results"), "allow_results_outside": True})
+    assert resolved["results_dir"] == str(tmp_path / "results")
+    assert resolve_config({**config, "results_dir": "./results/laptop-full/"})["allow_results_outside"] is False
 
 
 def test_compare_levels_is_the_tables_own_or_else_the_scales(config):

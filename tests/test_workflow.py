@@ -44,12 +44,32 @@ def test_dry_run_of_the_embedded_default_lists_every_job(tmp_path):
     assert counts["scorecard"] == 1 and counts["showcase"] == 1
 
 
-def test_bad_config_fails_before_any_job_with_the_key_named(tmp_path):
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("train_resources: {gpus: 1}\n")
-    proc = snakemake("-n", "--directory", str(tmp_path), "--configfile", str(bad))
+@pytest.mark.parametrize("bad, expected", [
+    ("train_resources: {gpus: 1}\n", "train_resources: unknown key 'gpus' (did you mean 'gpu'?)"),
+    ("device: gpu\n", "device: 'gpu' is not one of ['auto', 'cpu', 'cuda'] (did you mean 'cuda'?)"),
+    ("results_dir: /\n", "results_dir: '/' is the file system's root"),
+])
+def test_bad_config_fails_before_any_job_with_the_key_named(tmp_path, bad, expected):
+    path = tmp_path / "bad.yaml"
+    path.write_text(bad + f"studies: {{feddisco: {REPO / 'tests' / 'data' / 'tiny_study.yaml'}}}\n")
+    proc = snakemake("-n", "--directory", str(tmp_path), "--configfile", str(path))
     assert proc.returncode != 0
-    assert "train_resources: unknown key 'gpus' (did you mean 'gpu'?)" in proc.stdout + proc.stderr
+    assert expected in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("target, expected", [
+    ("results/feddisco/tables/nope.md", "unknown table 'nope' in study 'feddisco'; known: ['t1']"),
+    ("results/feddisco/figures/curve.png", "unknown figure 'curve' in study 'feddisco' (did you mean 'curves'?)"),
+    ("results/nope/runs.csv", "unknown study 'nope'; known: ['feddisco']"),
+    ("results/feddisco/runs/iid4/fedprx/seeds.json",
+     "unknown method 'fedprx' in study 'feddisco' (did you mean 'fedprox'?); known: ['fedavg', 'fedprox']"),
+])
+def test_a_target_naming_an_unknown_study_table_figure_or_method_lists_the_known_ones(tmp_path, target, expected):
+    config = tmp_path / "tiny.yaml"
+    config.write_text(f"studies: {{feddisco: {REPO / 'tests' / 'data' / 'tiny_study.yaml'}}}\n")
+    proc = snakemake("-n", target, "--directory", str(tmp_path), "--configfile", str(config))
+    assert proc.returncode != 0
+    assert expected in proc.stdout + proc.stderr and "KeyError" not in proc.stdout + proc.stderr
 
 
 @pytest.mark.slow

@@ -7,14 +7,17 @@ the key path, the bad value and what would have been accepted.
 from __future__ import annotations
 
 import copy
-import difflib
 import itertools
+import os
+import re
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import yaml
+
+from fedrepro.plugins import did_you_mean
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMAS = REPO / "workflow" / "schemas"
@@ -24,6 +27,10 @@ EMBEDDED_RESULTS = "results"
 PAPER_RESULTS = "results/paper"
 TRAINING_KEYS = ("rounds", "local_epochs", "batch_size", "lr", "momentum", "weight_decay", "join_ratio",
                  "eval_every", "last_k", "checkpoint_every", "straggler_steps", "drop_last")
+# names that become folders, files and Snakemake wildcards (the Snakefile's wildcard_constraints are these): no "/",
+# space or other character a path or shell would read; settings and methods may hold the "." of a swept value
+NAME_PATTERNS = {"studies": r"[A-Za-z0-9_\-]+", "settings": r"[A-Za-z0-9_.\-]+", "methods": r"[A-Za-z0-9_.\-]+",
+                 "tables": r"[A-Za-z0-9_\-]+", "figures": r"[A-Za-z0-9_\-]+"}
 # training keys a run spec carries only where the study sets them (absent: the engine's TrainingConfig default,
 # plain SGD at a constant rate, no early stop), so the specs and checkpoint digests of the other runs are unchanged
 OPTIONAL_TRAINING_KEYS = ("optimizer", "lr_decay", "lr_decay_every", "early_stop")
@@ -55,12 +62,6 @@ def _with_defaults(cls):
 _Validator = _with_defaults(jsonschema.Draft7Validator)
 
 
-def did_you_mean(value: object, options) -> str:
-    """' (did you mean 'x'?)' for the closest option, or ''."""
-    close = difflib.get_close_matches(str(value), [str(o) for o in options], n=1, cutoff=0.5)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def _key_path(path) -> str:
     return ".".join(str(p) for p in path) or "<top level>"
 
@@ -76,7 +77,9 @@ def _describe(error: jsonschema.ValidationError, prefix: str) -> str:
         renamed = error.schema.get("renamed", {})  # an old value -> what replaced it and why
         if isinstance(error.instance, str) and error.instance in renamed:
             return f"{where}: {error.instance!r} was {renamed[error.instance]}"
-        hint = did_you_mean(error.instance, error.validator_value)
+        synonyms = error.schema.get("synonyms", {})  # another word for an option -> that option
+        hint = (f" (did you mean {synonyms[error.instance]!r}?)" if isinstance(error.instance, str)
+                and error.instance in synonyms else did_you_mean(error.instance, error.validator_value))
         return f"{where}: {error.instance!r} is not one of {error.validator_value}{hint}"
     return f"{where}: {error.message}"
 
@@ -147,6 +150,8 @@ def resolve_config(config: dict, source: str = "config", root: Path = REPO) -> d
     check_results_root(config, source)
     studies = {}
     for name, entry in config["studies"].items():
+        if problem := name_problem("studies", name):
+            raise ConfigError(f"{source}: studies: {problem}")
         if isinstance(entry, str):
             path = Path(entry) if Path(entry).is_absolute() else root / entry
             study, where, prefix = load_yaml(path), str(entry), ""
@@ -186,11 +191,32 @@ def _same_dir(a: str, b: str) -> bool:
     return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
 
 
+def name_problem(kind: str, name: str) -> str | None:
+    """Why ``name`` cannot name one of a config's ``kind`` (studies, settings, methods, tables, figures), or None."""
+    if re.fullmatch(NAME_PATTERNS[kind], name):
+        return None
+    return f"{name!r} is no usable name: it names folders and files, so it must match {NAME_PATTERNS[kind]}"
+
+
 def check_results_root(config: dict, source: str = "config") -> None:
-    """Refuse a results root that one scale shares with the other: a paper-scale config writing to the
-    embedded default's root, an embedded one writing to the paper root, or an embedded study whose
-    folder would be the paper root (a study named "paper")."""
+    """Refuse a results root that is no folder of its own inside the working directory (empty, the working
+    directory itself, the file system's root, or outside without ``allow_results_outside``), and one that a
+    scale shares with the other: a paper-scale config writing to the embedded default's root, an embedded one
+    writing to the paper root, or an embedded study whose folder would be the paper root (a study named "paper")."""
     root, scale = config["results_dir"], config["scale"]
+    # lexical, not resolved: a results folder that is a symbolic link to other storage is still inside
+    workdir = Path.cwd()
+    where = Path(os.path.normpath(workdir / root))
+    if where == workdir:
+        raise ConfigError(f"{source}: results_dir: {root!r} is the working directory itself: every study's folder "
+                          f"and the scorecard would land among the project's files; name a folder (default "
+                          f"{EMBEDDED_RESULTS!r})")
+    if where == Path(where.anchor):
+        raise ConfigError(f"{source}: results_dir: {root!r} is the file system's root; name a folder (default "
+                          f"{EMBEDDED_RESULTS!r})")
+    if workdir not in where.parents and not config["allow_results_outside"]:
+        raise ConfigError(f"{source}: results_dir: {root!r} lies outside the working directory {workdir}; set "
+                          "allow_results_outside: true to write there")
     if scale == "paper" and _same_dir(root, EMBEDDED_RESULTS):
         raise ConfigError(f"{source}: results_dir: {root!r} is the embedded default's results root; a paper-scale "
                           f"config needs its own (config/paper.yaml: results_dir: {PAPER_RESULTS}), or a run at "
@@ -242,9 +268,12 @@ def expand_sweeps(study: dict) -> dict[str, list[dict]]:
 
 
 def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
-    """Cross-references the schema cannot express: names that must exist, tables the grid must produce."""
+    """What the schema cannot express: names that must exist (and be usable as folders), tables the grid must
+    produce, hyper-parameters against their method's declared types and ranges (fedrepro.plugins), partitions
+    against their data set's size, [lo, hi] pairs in order."""
     from fedrepro.data.registry import DATASETS
     from fedrepro.federations import federation, hyperparameters_of, methods_of, models_of
+    from fedrepro.plugins import hyperparameter_problems
 
     kind = study["federation"]
     methods, models = methods_of(kind), models_of(kind)
@@ -256,8 +285,14 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         if value not in options:
             fail(key, f"unknown {what} {value!r}{did_you_mean(value, options)}; known: {sorted(options)}")
 
+    for names in ("settings", "methods", "tables", "figures"):
+        for key in study[names]:
+            if problem := name_problem(names, key):
+                fail(names, problem)
     for s, setting in study["settings"].items():
         known(f"settings.{s}.dataset", setting["dataset"], DATASETS, "data set")
+        for key, problem in partition_problems(setting):
+            fail(f"settings.{s}.partition.{key}", problem)
         known(f"settings.{s}.model", setting["model"], models,
               "model group" if kind == "hetero" else "model")
         part = setting["partition"]
@@ -282,6 +317,16 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
             if key not in allowed:
                 fail(f"methods.{m}.hparams", f"{method['algorithm']} has no hyper-parameter {key!r}"
                      f"{did_you_mean(key, allowed)}; it accepts {sorted(allowed)}")
+        for key, problem in hyperparameter_problems(methods[method["algorithm"]], method["hparams"]).items():
+            fail(f"methods.{m}.hparams.{key}", problem)
+    trainings = {"defaults": study["defaults"],
+                 **{f"settings.{s}.training": v.get("training", {}) for s, v in study["settings"].items()},
+                 **{f"methods.{m}.training": v.get("training", {}) for m, v in study["methods"].items()}}
+    for key, training in trainings.items():
+        steps = training.get("straggler_steps")
+        if steps and steps[0] > steps[1]:
+            fail(f"{key}.straggler_steps", f"{steps}: [lo, hi] needs lo <= hi (a client's local steps are drawn "
+                                           "from lo..hi)")
     runs = set()
     for i, block in enumerate(study["grid"]):
         for s in block["settings"]:
@@ -388,6 +433,39 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         for s, m in figure_runs(study, fig):
             if (s, m) not in runs:
                 fail(f"figures.{f}", f"({m}, {s}) is not a run of the grid")
+
+
+def partition_problems(setting: dict) -> list[tuple[str, str]]:
+    """(partition key, problem) for what keeps a setting's partition from being drawn, known before any job from
+    its data set's sizes (fedrepro.data.registry.SHAPES; none for a data set without exact ones): more classes
+    per client than the data set has, more `samples` than it holds, more clients than samples (clients holding
+    nothing), or clients x min_size beyond the samples (dirichlet and imbalance)."""
+    from fedrepro.data.registry import ESTIMATED_SIZES, PARTITION_CLASSES, SHAPES, TEST_SIZES
+    from fedrepro.partition import MIN_SIZE
+
+    name, part = setting["dataset"], setting["partition"]
+    if name not in SHAPES:
+        return []
+    train, _, classes = SHAPES[name]
+    classes = PARTITION_CLASSES.get(name, classes)
+    problems = [(key, f"{part[key]} is more than the {classes} classes of {name}")
+                for key in ("classes_per_client", "classes_per_biased") if part.get(key, 0) > classes]
+    pooled = part.get("pool_test", False)
+    if part["kind"] in ("domain", "writer") or name in ESTIMATED_SIZES or (pooled and name not in TEST_SIZES):
+        return problems  # its clients are the data set's domains or writers, or its size is not known exactly
+    held = train + TEST_SIZES[name] if pooled else train
+    what = f"the {held} {'training and test' if pooled else 'training'} samples of {name}"
+    if part.get("samples"):
+        if part["samples"] > held:
+            return [*problems, ("samples", f"{part['samples']} is more than {what}")]
+        held, what = part["samples"], f"the {part['samples']} samples it partitions (`samples`)"
+    clients, min_size = part["clients"], part.get("min_size", MIN_SIZE)
+    if clients > held:
+        problems.append(("clients", f"{clients} clients share {what}: some would hold none"))
+    elif part["kind"] in ("dirichlet", "imbalance") and clients * min_size > held:
+        problems.append(("min_size", f"{clients} clients x min_size {min_size} = {clients * min_size} samples, "
+                                     f"more than {what}"))
+    return problems
 
 
 LOSSES = ("train_ce", "train_loss", "test_loss")  # per-round losses of runs.csv (a negative_effect's y)

@@ -20,6 +20,7 @@ import numpy as np
 from fedrepro.io import atomic_write_npz, atomic_write_text, open_npz
 
 __all__ = [
+    "MIN_SIZE",
     "PARTITIONERS",
     "dirichlet_partition",
     "iid_partition",
@@ -36,6 +37,8 @@ __all__ = [
     "stratified_subset",
     "writer_partition",
 ]
+
+MIN_SIZE = 10  # dirichlet and imbalance: the fewest samples a client may get unless the spec says (min_size)
 
 
 def _check_inputs(labels: np.ndarray, n_clients: int) -> np.ndarray:
@@ -63,7 +66,7 @@ def dirichlet_partition(
     n_clients: int,
     beta: float,
     rng: np.random.Generator,
-    min_size: int = 10,
+    min_size: int = MIN_SIZE,
     max_tries: int = 100,
     balance: bool = True,
     cap: float | None = None,
@@ -282,7 +285,7 @@ def imbalance_partition(
     beta: float,
     rng: np.random.Generator,
     n_max: int | None = None,
-    min_size: int = 10,
+    min_size: int = MIN_SIZE,
     max_tries: int = 100,
     balance: bool = True,
 ) -> list[np.ndarray]:
@@ -378,7 +381,7 @@ PARTITIONERS: dict[str, Callable[[np.ndarray, dict, np.random.Generator], list[n
         _require(spec, "clients"),
         _require(spec, "beta"),
         rng,
-        min_size=spec.get("min_size", 10),
+        min_size=spec.get("min_size", MIN_SIZE),
         max_tries=spec.get("max_tries", 100),
         balance=spec.get("balance", True),
     ),
@@ -396,7 +399,7 @@ PARTITIONERS: dict[str, Callable[[np.ndarray, dict, np.random.Generator], list[n
         _require(spec, "beta"),
         rng,
         n_max=spec.get("n_max"),
-        min_size=spec.get("min_size", 10),
+        min_size=spec.get("min_size", MIN_SIZE),
         max_tries=spec.get("max_tries", 100),
         balance=spec.get("balance", True),
     ),

@@ -133,7 +133,7 @@ def data_shape(dataset: str) -> tuple[int, tuple[int, ...], int]:
     from fedrepro.cost import DATASETS
 
     if dataset not in DATASETS:
-        raise ValueError(f"preflight: no shape known for data set {dataset!r}; add it to fedrepro.cost.DATASETS")
+        raise ValueError(f"preflight: no shape known for data set {dataset!r}; add it to fedrepro.data.registry.SHAPES")
     return DATASETS[dataset]
 
 

@@ -9,7 +9,7 @@ localrules:
 rule aggregate:
     input:
         lambda w: [
-            f"{RES}/{w.study}/runs/{s}/{m}/seeds.json" for s, m in grid_runs(STUDIES[w.study])
+            f"{RES}/{w.study}/runs/{s}/{m}/seeds.json" for s, m in grid_runs(study_of(w))
         ],
     output:
         runs=f"{RES}/{{study}}/runs.csv",

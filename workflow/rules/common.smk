@@ -10,7 +10,9 @@ SRC = str(Path(workflow.basedir) / "src")
 sys.path.insert(0, SRC)
 
 from fedrepro.config import (  # noqa: E402
+    NAME_PATTERNS,
     ConfigError,
+    did_you_mean,
     figure_runs,
     figure_runs_methods,
     finetune_spec,
@@ -39,8 +41,16 @@ RES = CFG["results_dir"]
 STUDIES = CFG["studies"]
 
 
+def named(what, name, entries, where=""):
+    """``entries[name]``; a target naming an unknown study, setting, method, table or figure is refused with the
+    known ones (not a KeyError from an input function)."""
+    if name not in entries:
+        raise WorkflowError(f"unknown {what} {name!r}{where}{did_you_mean(name, entries)}; known: {sorted(entries)}")
+    return entries[name]
+
+
 def study_of(wildcards):
-    return STUDIES[wildcards.study]
+    return named("study", wildcards.study, STUDIES)
 
 
 def seeds_of(wildcards):
@@ -48,7 +58,22 @@ def seeds_of(wildcards):
 
 
 def setting_of(wildcards):
-    return study_of(wildcards)["settings"][wildcards.setting]
+    return named("setting", wildcards.setting, study_of(wildcards)["settings"], f" in study {wildcards.study!r}")
+
+
+def run_of(wildcards):
+    """(study, setting, method) of a train or fine-tuning target, the setting and method checked to exist."""
+    setting_of(wildcards)
+    named("method", wildcards.method, study_of(wildcards)["methods"], f" in study {wildcards.study!r}")
+    return study_of(wildcards), wildcards.setting, wildcards.method
+
+
+def table_of(wildcards):
+    return named("table", wildcards.table, study_of(wildcards)["tables"], f" in study {wildcards.study!r}")
+
+
+def figure_of(wildcards):
+    return named("figure", wildcards.figure, study_of(wildcards)["figures"], f" in study {wildcards.study!r}")
 
 
 def partition_files(wildcards):
@@ -160,14 +185,14 @@ def figure_spec(study, name):
     return spec
 
 
-def finetune_indexes(study):
+def finetune_indexes(wildcards):
     """The fine-tuning jobs' indexes of a study (one per transferred method x setting)."""
-    return [f"{RES}/{study}/finetune/{s}/{m}/seeds.json" for s, m in transfer_runs(STUDIES[study])]
+    return [f"{RES}/{wildcards.study}/finetune/{s}/{m}/seeds.json" for s, m in transfer_runs(study_of(wildcards))]
 
 
 def table_summary(wildcards):
     """What a table's cells read: the runs' summary.csv, or finetune.csv for `source: finetune`."""
-    source = study_of(wildcards)["tables"][wildcards.table]["source"]
+    source = table_of(wildcards)["source"]
     if source == "simulation":  # computed by the table job itself (FedDisco Table 6)
         return []
     return f"{RES}/{wildcards.study}/{'finetune' if source == 'finetune' else 'summary'}.csv"
@@ -175,7 +200,7 @@ def table_summary(wildcards):
 
 def table_runs(wildcards):
     """runs.csv, for the metrics derived from the curves; nothing for a simulated table."""
-    source = study_of(wildcards)["tables"][wildcards.table]["source"]
+    source = table_of(wildcards)["source"]
     return [] if source == "simulation" else [f"{RES}/{wildcards.study}/runs.csv"]
 
 
@@ -183,7 +208,7 @@ def figure_inputs(wildcards):
     """runs.csv for negative effects, runs.csv and summary.csv (which seeds diverged) for curves,
     finetune_curves.csv and finetune.csv for fine-tuning curves, partition stats for partition plots, summary.csv and every
     seed's partition stats for weight probes, summary.csv (and runs.csv: sweep_line) for the rest."""
-    f = study_of(wildcards)["figures"][wildcards.figure]
+    f = figure_of(wildcards)
     if f["kind"] == "negative_effect":
         return [f"{RES}/{wildcards.study}/runs.csv"]
     if f["kind"] == "curve":
@@ -227,17 +252,17 @@ def weights_files(wildcards):
 def train_spec(wildcards):
     """The run spec, plus the path of the pretrained weights its model loads (models trained from scratch:
     the bare run spec, so their checkpoints' fingerprints do not change)."""
-    spec = run_spec(study_of(wildcards), wildcards.setting, wildcards.method)
+    spec = run_spec(*run_of(wildcards))
     weights = weights_files(wildcards)
     return {**spec, "weights": weights[0]} if weights else spec
 
 
 def resource_of(key):
     """A rule's resource ``key`` of the job's setting x method (train_resources, or the study's override)."""
-    return lambda w: job_resources(CFG["train_resources"], study_of(w), w.setting, w.method)[key]
+    return lambda w: job_resources(CFG["train_resources"], *run_of(w))[key]
 
 
 def checkpoint_dir(wildcards):
     """Checkpoints of a train job, under a digest of its run spec (an edited config starts fresh)."""
-    spec = run_spec(study_of(wildcards), wildcards.setting, wildcards.method)
+    spec = run_spec(*run_of(wildcards))
     return f"{RES}/{wildcards.study}/checkpoints/{wildcards.setting}/{wildcards.method}/{spec_digest(spec)}"

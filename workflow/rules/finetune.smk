@@ -17,7 +17,7 @@ rule finetune:
     output:
         f"{RES}/{{study}}/finetune/{{setting}}/{{method}}/seeds.json",
     params:
-        spec=lambda w: finetune_spec(study_of(w), w.setting, w.method),
+        spec=lambda w: finetune_spec(*run_of(w)),
         checkpoint_dir=checkpoint_dir,
         device=CFG["device"],
     threads: CFG["train_resources"]["threads"]
@@ -37,7 +37,7 @@ rule finetune:
 # finetune_curves.csv (one row per run and epoch; figures of kind finetune_curve), each with its sha256 beside it.
 rule aggregate_finetune:
     input:
-        lambda w: finetune_indexes(w.study),
+        finetune_indexes,
     output:
         summary=f"{RES}/{{study}}/finetune.csv",
         curves=f"{RES}/{{study}}/finetune_curves.csv",

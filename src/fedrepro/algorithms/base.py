@@ -11,7 +11,7 @@ by client id); ``state_bytes_per_client`` declares how much of it grows with the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -36,14 +36,10 @@ class Client:
     steps: int = 0  # local SGD steps taken so far
 
 
-# what FedDyn and FedDC report: the server model the clients train from (their papers), or the aggregate of
-# the client models before the server adds its correction (h / alpha, the drifts; FedDisco's code)
-EVALUATED_MODELS = ("server", "client_mean")
-
-
-def check_evaluated_model(method: str, evaluate: str) -> None:
-    if evaluate not in EVALUATED_MODELS:
-        raise ValueError(f"{method}: unknown evaluate {evaluate!r}; choices: {list(EVALUATED_MODELS)}")
+# what FedDyn and FedDC report (their hyper-parameter `evaluate`): the server model the clients train from (their
+# papers), or the aggregate of the client models before the server adds its correction (h / alpha, the drifts;
+# what the official FedDyn / FedDC / FedDisco code reports)
+EvaluatedModel = Literal["server", "client_mean"]
 
 
 def clip_grad_norm_(g: torch.Tensor, max_norm: float) -> None:

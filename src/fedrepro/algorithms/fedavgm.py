@@ -6,11 +6,12 @@ Hsu et al. use dampening 0; FedDisco's code keeps an exponential average (dampen
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import torch
 
 from fedrepro.algorithms.base import Algorithm
+from fedrepro.plugins import Fraction, Positive, Range
 from fedrepro.sim.flat import FlatModel
 
 if TYPE_CHECKING:
@@ -20,7 +21,8 @@ if TYPE_CHECKING:
 class FedAvgM(Algorithm):
     name = "fedavgm"
 
-    def __init__(self, beta: float = 0.5, server_lr: float = 1.0, dampening: float = 0.0) -> None:
+    def __init__(self, beta: Annotated[float, Range(ge=0, lt=1)] = 0.5, server_lr: Positive = 1.0,
+                 dampening: Fraction = 0.0) -> None:
         super().__init__()
         self.beta, self.server_lr, self.dampening = beta, server_lr, dampening
 

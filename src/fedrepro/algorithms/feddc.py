@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fedrepro.algorithms.base import Algorithm, Client, check_evaluated_model, clip_grad_norm_
+from fedrepro.algorithms.base import Algorithm, Client, EvaluatedModel, clip_grad_norm_
+from fedrepro.plugins import NonNegative
 
 if TYPE_CHECKING:
     import numpy as np
@@ -39,11 +40,10 @@ class FedDC(Algorithm):
     name = "feddc"
 
     def __init__(
-        self, alpha: float = 0.01, grad_correction: bool = True, max_grad_norm: float = 10.0,
-        evaluate: str = "server",
+        self, alpha: NonNegative = 0.01, grad_correction: bool = True, max_grad_norm: NonNegative = 10.0,
+        evaluate: EvaluatedModel = "server",
     ) -> None:
         super().__init__()
-        check_evaluated_model(self.name, evaluate)
         self.alpha, self.grad_correction, self.max_grad_norm = alpha, grad_correction, max_grad_norm
         self.evaluate = evaluate
 

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fedrepro.algorithms.base import Algorithm, Client, check_evaluated_model, clip_grad_norm_
+from fedrepro.algorithms.base import Algorithm, Client, EvaluatedModel, clip_grad_norm_
+from fedrepro.plugins import NonNegative
 
 if TYPE_CHECKING:
     from fedrepro.sim.flat import FlatModel
@@ -32,9 +33,9 @@ if TYPE_CHECKING:
 class FedDyn(Algorithm):
     name = "feddyn"
 
-    def __init__(self, alpha: float = 0.01, max_grad_norm: float = 10.0, evaluate: str = "server") -> None:
+    def __init__(self, alpha: NonNegative = 0.01, max_grad_norm: NonNegative = 10.0,
+                 evaluate: EvaluatedModel = "server") -> None:
         super().__init__()
-        check_evaluated_model(self.name, evaluate)
         self.alpha, self.max_grad_norm, self.evaluate = alpha, max_grad_norm, evaluate
 
     def setup(self, flat: FlatModel, num_clients: int, training: TrainingConfig) -> None:

@@ -36,6 +36,7 @@ from torch import nn
 from fedrepro import seeding
 from fedrepro.algorithms.base import Algorithm, Client
 from fedrepro.algorithms.jacobian import JacobianStats, client_sample, mean_loss_gradient
+from fedrepro.plugins import Fraction, NonNegative, PositiveInt
 
 if TYPE_CHECKING:
     from fedrepro.sim.flat import FlatModel
@@ -62,11 +63,10 @@ def regularised_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, xi: flo
 class FedGTST(JacobianStats, Algorithm):
     name = "fedgtst"
 
-    def __init__(self, xi: float = 5e-4, vanilla_fraction: float = 0.1, gamma0: float | None = None,
-                 norm_samples: int | None = 512, jac_stats: bool = False, jac_samples: int | None = 512) -> None:
+    def __init__(self, xi: NonNegative = 5e-4, vanilla_fraction: Fraction = 0.1, gamma0: float | None = None,
+                 norm_samples: PositiveInt | None = 512, jac_stats: bool = False,
+                 jac_samples: PositiveInt | None = 512) -> None:
         super().__init__()
-        if xi < 0 or not 0 <= vanilla_fraction <= 1:
-            raise ValueError(f"fedgtst: need xi >= 0 and 0 <= vanilla_fraction <= 1, got {xi}, {vanilla_fraction}")
         self.xi, self.vanilla_fraction, self.gamma0 = float(xi), float(vanilla_fraction), gamma0
         self.norm_samples = norm_samples
         self.init_jacobian(jac_stats, jac_samples)

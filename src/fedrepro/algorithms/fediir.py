@@ -13,7 +13,7 @@ penalty = 0 is FedAvg exactly: no gradients are taken or exchanged.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ from torch import nn
 
 from fedrepro.algorithms.base import Algorithm, Client
 from fedrepro.algorithms.jacobian import JacobianStats
+from fedrepro.plugins import NonNegative, PositiveInt, Range
 
 if TYPE_CHECKING:
     from fedrepro.sim.flat import FlatModel
@@ -44,13 +45,10 @@ def head_slice(flat: FlatModel, prefix: str = "head.") -> slice:
 class FedIIR(JacobianStats, Algorithm):
     name = "fediir"
 
-    def __init__(self, penalty: float = 1e-3, params: str = "head", grad_samples: int | None = 512,
-                 ema: float = 0.95, jac_stats: bool = False, jac_samples: int | None = 512) -> None:
+    def __init__(self, penalty: NonNegative = 1e-3, params: Literal["head", "all"] = "head",
+                 grad_samples: PositiveInt | None = 512, ema: Annotated[float, Range(ge=0, lt=1)] = 0.95,
+                 jac_stats: bool = False, jac_samples: PositiveInt | None = 512) -> None:
         super().__init__()
-        if params not in ("head", "all"):
-            raise ValueError(f"fediir: params must be 'head' or 'all', got {params!r}")
-        if not 0 <= ema < 1:
-            raise ValueError(f"fediir: need 0 <= ema < 1, got {ema}")
         self.penalty, self.params, self.grad_samples, self.ema = float(penalty), params, grad_samples, float(ema)
         self.init_jacobian(jac_stats, jac_samples)
 

@@ -3,12 +3,13 @@
 import torch
 
 from fedrepro.algorithms.base import Algorithm, Client
+from fedrepro.plugins import NonNegative
 
 
 class FedProx(Algorithm):
     name = "fedprox"
 
-    def __init__(self, mu: float = 0.01) -> None:
+    def __init__(self, mu: NonNegative = 0.01) -> None:
         super().__init__()
         self.mu = mu
 

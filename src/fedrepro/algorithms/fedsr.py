@@ -28,6 +28,7 @@ from torch import nn
 
 from fedrepro.algorithms.base import Algorithm, Client
 from fedrepro.algorithms.jacobian import JacobianStats
+from fedrepro.plugins import NonNegative, PositiveInt
 
 if TYPE_CHECKING:
     from fedrepro.sim.flat import FlatModel
@@ -45,8 +46,8 @@ def cmi_bound(z_mu: torch.Tensor, z_sigma: torch.Tensor, r_mu: torch.Tensor, r_s
 class FedSR(JacobianStats, Algorithm):
     name = "fedsr"
 
-    def __init__(self, l2r: float = 0.01, cmi: float = 5e-4, jac_stats: bool = False,
-                 jac_samples: int | None = 512) -> None:
+    def __init__(self, l2r: NonNegative = 0.01, cmi: NonNegative = 5e-4, jac_stats: bool = False,
+                 jac_samples: PositiveInt | None = 512) -> None:
         super().__init__()
         self.l2r, self.cmi = float(l2r), float(cmi)
         self.init_jacobian(jac_stats, jac_samples)

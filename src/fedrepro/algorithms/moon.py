@@ -22,6 +22,7 @@ from torch import nn
 from torch.func import functional_call
 
 from fedrepro.algorithms.base import Algorithm, Client, masked_mean
+from fedrepro.plugins import NonNegative, Positive
 
 if TYPE_CHECKING:
     from fedrepro.sim.flat import FlatModel
@@ -41,7 +42,7 @@ def contrastive_loss(
 class Moon(Algorithm):
     name = "moon"
 
-    def __init__(self, mu: float = 0.1, temperature: float = 0.5) -> None:
+    def __init__(self, mu: NonNegative = 0.1, temperature: Positive = 0.5) -> None:
         super().__init__()
         self.mu, self.temperature = mu, temperature
 

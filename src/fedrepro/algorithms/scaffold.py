@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from fedrepro.algorithms.base import Algorithm, Client
+from fedrepro.plugins import Positive
 from fedrepro.sim.flat import FlatModel
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 class Scaffold(Algorithm):
     name = "scaffold"
 
-    def __init__(self, server_lr: float = 1.0) -> None:
+    def __init__(self, server_lr: Positive = 1.0) -> None:
         super().__init__()
         self.server_lr = server_lr
         self._corrections: dict[int, torch.Tensor] = {}  # this round's c - c_k per client

@@ -34,7 +34,7 @@ everywhere for a model without any) are part of the global model, ``run.global_b
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -47,7 +47,9 @@ from fedrepro.sim.sync import _to_device
 if TYPE_CHECKING:  # the engine imports this module, so only for annotations
     from fedrepro.asyncfl.engine import AsyncRun
 
-HOST = torch.device("cpu")  # where ``host_state`` lives, whatever the run's device
+HOST = torch.device("cpu")
+# the server's own data a method may train on: a held-out part of the test set, or another data set's images
+ServerData = Literal["in_domain", "out_of_domain"]  # where ``host_state`` lives, whatever the run's device
 
 
 @dataclass
@@ -73,7 +75,7 @@ class AsyncMethod:
 
     def __init__(self) -> None:
         self.state: dict[str, Any] = {}
-        self.server_data: str | None = None  # None, "in_domain" or "out_of_domain"
+        self.server_data: ServerData | None = None  # None: the method trains on no server data
         self._arrived: list[Update] = []
 
     def setup(self, run: AsyncRun) -> None:

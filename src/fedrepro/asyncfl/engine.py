@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import get_args
 
 import numpy as np
 import torch
@@ -43,7 +44,7 @@ from torch import Tensor, nn
 
 from fedrepro import seeding
 from fedrepro.algorithms.base import Algorithm
-from fedrepro.asyncfl.base import AsyncMethod, Update
+from fedrepro.asyncfl.base import AsyncMethod, ServerData, Update
 from fedrepro.sim.checkpoint import CheckpointError, close_round, load_checkpoint, resume_progress
 from fedrepro.sim.sync import (
     DIVERGED_LOSS,
@@ -57,7 +58,7 @@ from fedrepro.sim.tensors import DeviceData, evaluate
 
 # purposes beyond fedrepro.seeding's (1..6) and the heterogeneous engine's (101..105)
 SERVER_SPLIT, OOD_SUBSET = 201, 202
-SERVER_DATA_KINDS = (None, "in_domain", "out_of_domain")
+SERVER_DATA_KINDS = (None, *get_args(ServerData))
 # the asynchronous engine's checkpoint layout, beside sim/checkpoint.py's FORMAT; 2: the global BatchNorm
 # statistics and each dispatch round's are vectors (global_buffers, buffer_snapshots), methods' state holds
 # clients' statistics

@@ -117,6 +117,39 @@ DATASETS: dict[str, DatasetSpec] = {
 }
 
 
+# (training samples, input shape, classes) of each data set as prepared, so a config check (fedrepro.config) or a
+# cost estimate (fedrepro.cost) needs no download
+SHAPES: dict[str, tuple[int, tuple[int, ...], int]] = {
+    "digits": (1347, (28, 28, 1), 10), "digits_m": (1347, (28, 28, 3), 10),
+    "mnist": (60000, (28, 28, 1), 10), "fashion_mnist": (60000, (28, 28, 1), 10),
+    "cifar10": (50000, (32, 32, 3), 10), "cifar100": (50000, (32, 32, 3), 100),
+    "svhn": (73257, (32, 32, 3), 10), "cinic10": (90000, (32, 32, 3), 10),
+    "ham10000": (9805, (56, 56, 3), 7), "ag_news": (120000, (64,), 4),
+    "mnist_m": (60000, (28, 28, 3), 10),
+    "flowers102": (2040, (32, 32, 3), 102), "tiny_imagenet": (100000, (32, 32, 3), 200),
+    # Feddle: CIFAR-100 under its 20 superclasses; FEMNIST and CelebA keep 1000 writers / people with 90% of
+    # each one's samples for training (data/feddle_sets.py), so their sizes are estimates: ~165 samples of
+    # the first 40 classes per NIST writer, ~21 images per CelebA person with >= 5 (ESTIMATED_SIZES)
+    "cifar100_coarse": (50000, (32, 32, 3), 20),
+    "femnist": (150000, (28, 28, 1), 40), "celeba_smiling": (19000, (32, 32, 3), 2),
+    # Feddle's out-of-domain server set (250 images of each ImageNet class, data/imagenet_subset.py)
+    "imagenet_subset": (250000, (32, 32, 3), 1000),
+}
+# test-split sizes, for partitions that pool train and test (`pool_test`, FedL2G)
+TEST_SIZES: dict[str, int] = {"digits": 360, "cifar10": 10000, "cifar100": 10000, "flowers102": 6149,
+                              "tiny_imagenet": 10000}
+# DomainNet (FedGTST): train sizes of the official splits, images prepared at 64x64 (data/domainnet.py)
+_DOMAINNET_TRAIN = {"clipart": 33525, "infograph": 36023, "painting": 50426, "quickdraw": 120750,
+                    "real": 120906, "sketch": 48212}
+SHAPES.update({f"domainnet_{d}": (n, (64, 64, 3), 345) for d, n in _DOMAINNET_TRAIN.items()})
+SHAPES.update({f"domainnet_no_{d}": (sum(_DOMAINNET_TRAIN.values()) - n, (64, 64, 3), 345)
+               for d, n in _DOMAINNET_TRAIN.items()})
+ESTIMATED_SIZES = frozenset({"femnist", "celeba_smiling"})  # training sizes above that are estimates, not counts
+# data sets whose partitions are drawn over other labels than the classes they train (partition_labels_train):
+# the number of those labels
+PARTITION_CLASSES = {"cifar100_coarse": 100}
+
+
 def get_spec(name: str) -> DatasetSpec:
     """The spec of data set `name`; ValueError listing the known names otherwise."""
     try:

@@ -11,9 +11,12 @@ clients side by side (sim/vectorized.py), so a client that has finished its loca
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import torch
 
-OPTIMIZERS = ("sgd", "adam")
+Optimizer = Literal["sgd", "adam"]  # a method's hyper-parameter annotation (fedrepro.plugins)
+OPTIMIZERS = get_args(Optimizer)
 
 
 class VectorOptimizer:

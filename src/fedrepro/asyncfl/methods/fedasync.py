@@ -8,6 +8,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from fedrepro.asyncfl.base import AsyncMethod, Update
+from fedrepro.plugins import Fraction, NonNegative
 
 
 def mixing_weight(alpha: float, a: float, staleness: int) -> float:
@@ -18,7 +19,7 @@ def mixing_weight(alpha: float, a: float, staleness: int) -> float:
 class FedAsync(AsyncMethod):
     name = "fedasync"
 
-    def __init__(self, alpha: float = 0.8, a: float = 0.5) -> None:
+    def __init__(self, alpha: Fraction = 0.8, a: NonNegative = 0.5) -> None:
         super().__init__()
         self.alpha, self.a = alpha, a
 

@@ -9,15 +9,14 @@ import torch
 from torch import Tensor
 
 from fedrepro.asyncfl.base import AsyncMethod, Update
+from fedrepro.plugins import Positive, PositiveInt
 
 
 class FedBuff(AsyncMethod):
     name = "fedbuff"
 
-    def __init__(self, server_lr: float = 1.0, buffer_size: int = 10) -> None:
+    def __init__(self, server_lr: Positive = 1.0, buffer_size: PositiveInt = 10) -> None:
         super().__init__()
-        if buffer_size < 1:
-            raise ValueError(f"fedbuff: buffer_size must be >= 1, got {buffer_size}")
         self.server_lr, self.buffer_size = server_lr, buffer_size
 
     def receive(self, w: Tensor, update: Update) -> Tensor:

@@ -13,8 +13,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call
 
-from fedrepro.asyncfl.base import AsyncMethod
+from fedrepro.asyncfl.base import AsyncMethod, ServerData
 from fedrepro.asyncfl.server_train import train_vector
+from fedrepro.plugins import Positive, PositiveInt
 from fedrepro.sim.tensors import eval_mode
 
 CHUNK = 512  # server images per teacher forward pass
@@ -23,8 +24,8 @@ CHUNK = 512  # server images per teacher forward pass
 class FedDF(AsyncMethod):
     name = "feddf"
 
-    def __init__(self, server_data: str = "in_domain", lr: float = 1e-3, epochs: int = 1, batch_size: int = 64,
-                 temperature: float = 1.0) -> None:
+    def __init__(self, server_data: ServerData = "in_domain", lr: Positive = 1e-3, epochs: PositiveInt = 1,
+                 batch_size: PositiveInt = 64, temperature: Positive = 1.0) -> None:
         super().__init__()
         self.server_data = server_data
         self.lr, self.epochs, self.batch_size, self.temperature = lr, epochs, batch_size, temperature

@@ -26,13 +26,15 @@ the raw updates, c_m times the normalisation factor: b <- (1 - s) b + s sum_m p_
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from fedrepro.asyncfl.atlas import coefficient_grad, normalize_anchors, replace_slot, search_coefficients
-from fedrepro.asyncfl.base import AsyncMethod, Update, merge_buffers
+from fedrepro.asyncfl.base import AsyncMethod, ServerData, Update, merge_buffers
+from fedrepro.plugins import NonNegative, NonNegativeInt, Positive, PositiveInt
 from fedrepro.sim.tensors import eval_mode
 
 HEAD, CHUNK = 1, 512  # server-generator purpose of the OOD head fit; images per feature pass
@@ -44,19 +46,17 @@ GRAD_SAMPLES, COSINE = 1024, 2  # grad_cosine: samples per set; server-generator
 class Feddle(AsyncMethod):
     name = "feddle"
 
-    def __init__(self, server_data: str = "in_domain", atlas_size: int | None = None, lr: float = 1e-3,
-                 epochs: int = 1, batch_size: int = 64, normalize: bool = True, importance: bool = True,
-                 fallback_init: bool = True, fallback_lambda: float = 0.0, fedbuff_lr: float = 1.0,
-                 head_epochs: int = 10, head_lr: float = 1e-2, lr_scale: str = "none",
-                 grad_cosine: bool = False) -> None:
+    def __init__(self, server_data: ServerData = "in_domain", atlas_size: PositiveInt | None = None,
+                 lr: Positive = 1e-3, epochs: PositiveInt = 1, batch_size: PositiveInt = 64, normalize: bool = True,
+                 importance: bool = True, fallback_init: bool = True, fallback_lambda: NonNegative = 0.0,
+                 fedbuff_lr: Positive = 1.0, head_epochs: NonNegativeInt = 10, head_lr: Positive = 1e-2,
+                 lr_scale: Literal["none", "anchors"] = "none", grad_cosine: bool = False) -> None:
         super().__init__()
         self.server_data = server_data
         self.atlas_size, self.lr, self.epochs, self.batch_size = atlas_size, lr, epochs, batch_size
         self.normalize, self.importance = normalize, importance
         self.fallback_init, self.fallback_lambda, self.fedbuff_lr = fallback_init, fallback_lambda, fedbuff_lr
         self.head_epochs, self.head_lr = head_epochs, head_lr
-        if lr_scale not in ("none", "anchors"):
-            raise ValueError(f"feddle: lr_scale {lr_scale!r} is not one of ['none', 'anchors']")
         self.lr_scale = lr_scale
         self.grad_cosine = grad_cosine
 

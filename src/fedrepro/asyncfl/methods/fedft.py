@@ -7,12 +7,15 @@ from __future__ import annotations
 from torch import Tensor
 
 from fedrepro.asyncfl.base import AsyncMethod
+from fedrepro.plugins import Positive, PositiveInt
+from fedrepro.sim.vector_optim import Optimizer
 
 
 class FedFT(AsyncMethod):
     name = "fedft"
 
-    def __init__(self, lr: float = 1e-3, epochs: int = 1, batch_size: int = 64, optimizer: str = "adam") -> None:
+    def __init__(self, lr: Positive = 1e-3, epochs: PositiveInt = 1, batch_size: PositiveInt = 64,
+                 optimizer: Optimizer = "adam") -> None:
         super().__init__()
         self.server_data = "in_domain"
         self.lr, self.epochs, self.batch_size, self.optimizer = lr, epochs, batch_size, optimizer

@@ -13,6 +13,7 @@ from torch import Tensor
 from fedrepro.algorithms.base import Client
 from fedrepro.asyncfl.base import AsyncMethod, Update
 from fedrepro.asyncfl.server_train import batches
+from fedrepro.plugins import PositiveInt
 
 SERVER_CLIENT = -1  # the server's client id in its Update
 
@@ -20,7 +21,7 @@ SERVER_CLIENT = -1  # the server's client id in its Update
 class HFCL(AsyncMethod):
     name = "hfcl"
 
-    def __init__(self, epochs: int | None = None, batch_size: int | None = None) -> None:
+    def __init__(self, epochs: PositiveInt | None = None, batch_size: PositiveInt | None = None) -> None:
         super().__init__()
         self.server_data = "in_domain"
         self.epochs, self.batch_size = epochs, batch_size

@@ -14,7 +14,7 @@ clients. ``FedProto`` (fedproto.py) is the same scheme in the feature space.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedrepro.hetero.base import ClientRound, HeteroMethod
+from fedrepro.plugins import NonNegative
 
 if TYPE_CHECKING:
     from fedrepro.hetero.engine import HeteroRun
@@ -31,10 +32,8 @@ class FedDistill(HeteroMethod):
     name = "fed_distill"
     space: ClassVar[str] = "logit"
 
-    def __init__(self, lamda: float = 1.0, aggregation: str = "clients") -> None:
+    def __init__(self, lamda: NonNegative = 1.0, aggregation: Literal["samples", "clients"] = "clients") -> None:
         super().__init__()
-        if aggregation not in ("samples", "clients"):
-            raise ValueError(f"aggregation must be 'samples' or 'clients', got {aggregation!r}")
         self.lamda, self.aggregation = lamda, aggregation
 
     def setup(self, run: HeteroRun) -> None:

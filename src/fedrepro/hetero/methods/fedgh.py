@@ -20,6 +20,7 @@ from torch.func import functional_call
 from fedrepro import seeding
 from fedrepro.hetero.base import ClientRound, HeteroMethod, class_means, copy_head_in
 from fedrepro.hetero.engine import SERVER_TRAIN
+from fedrepro.plugins import Positive, PositiveInt
 
 if TYPE_CHECKING:
     from fedrepro.hetero.engine import HeteroRun
@@ -47,7 +48,7 @@ class FedGH(HeteroMethod):
     name = "fedgh"
     homogeneous_heads = True
 
-    def __init__(self, server_lr: float = 0.01, server_epochs: int = 1) -> None:
+    def __init__(self, server_lr: Positive = 0.01, server_epochs: PositiveInt = 1) -> None:
         super().__init__()
         self.server_lr, self.server_epochs = server_lr, server_epochs
 

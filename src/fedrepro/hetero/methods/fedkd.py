@@ -21,7 +21,7 @@ zeros; here it goes dense: documented deviation D-fedl2g-fedkd-svd.)
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +31,7 @@ from fedrepro import seeding
 from fedrepro.hetero.base import ClientRound
 from fedrepro.hetero.engine import AUX
 from fedrepro.hetero.methods.fml import AuxModelMethod, kl
+from fedrepro.plugins import Range
 from fedrepro.sim.flat import FlatModel
 
 if TYPE_CHECKING:
@@ -66,7 +67,8 @@ def svd_recover(payload: dict[str, Any], shapes: dict[str, torch.Size]) -> dict[
 class FedKD(AuxModelMethod):
     name = "fedkd"
 
-    def __init__(self, energy_start: float = 0.95, energy_end: float = 0.98) -> None:
+    def __init__(self, energy_start: Annotated[float, Range(gt=0, le=1)] = 0.95,
+                 energy_end: Annotated[float, Range(gt=0, le=1)] = 0.98) -> None:
         super().__init__()
         self.energy_start, self.energy_end = energy_start, energy_end
 

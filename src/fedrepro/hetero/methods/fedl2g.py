@@ -39,6 +39,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from fedrepro import seeding
 from fedrepro.hetero.base import ClientRound, HeteroMethod
 from fedrepro.hetero.engine import GUIDE, META, clip_grad_
+from fedrepro.plugins import NonNegative, NonNegativeInt, Positive, PositiveInt
 
 if TYPE_CHECKING:
     from fedrepro.hetero.engine import HeteroRun
@@ -127,8 +128,8 @@ class FedL2GLogit(HeteroMethod):
     space = "logit"
     clip_norm = 100.0  # [code] clip_grad_norm_(model.parameters(), 100) in local training
 
-    def __init__(self, server_lr: float = 0.1, warmup_rounds: int = 50, quiz_size: int | None = None,
-                 server_clip: float = 100.0) -> None:
+    def __init__(self, server_lr: Positive = 0.1, warmup_rounds: NonNegativeInt = 50,
+                 quiz_size: PositiveInt | None = None, server_clip: NonNegative = 100.0) -> None:
         super().__init__()
         self.server_lr, self.warmup_rounds = server_lr, warmup_rounds
         self.quiz_size, self.server_clip = quiz_size, server_clip
@@ -213,6 +214,6 @@ class FedL2GFeature(FedL2GLogit):
     name = "fedl2g_f"
     space = "feature"
 
-    def __init__(self, server_lr: float = 100.0, warmup_rounds: int = 50, quiz_size: int | None = None,
-                 server_clip: float = 100.0) -> None:
+    def __init__(self, server_lr: Positive = 100.0, warmup_rounds: NonNegativeInt = 50,
+                 quiz_size: PositiveInt | None = None, server_clip: NonNegative = 100.0) -> None:
         super().__init__(server_lr, warmup_rounds, quiz_size, server_clip)

@@ -13,22 +13,24 @@ HtFLlib's FedL2G-era scripts run lamda = 10.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from fedrepro.hetero.base import ClientRound
 from fedrepro.hetero.methods.fed_distill import FedDistill
+from fedrepro.plugins import NonNegative
 
 
 class FedProto(FedDistill):
     name = "fedproto"
     space = "feature"
 
-    def __init__(self, lamda: float = 10.0, aggregation: str = "clients", inference: str = "prototype") -> None:
+    def __init__(self, lamda: NonNegative = 10.0, aggregation: Literal["samples", "clients"] = "clients",
+                 inference: Literal["prototype", "head"] = "prototype") -> None:
         super().__init__(lamda, aggregation)
-        if inference not in ("prototype", "head"):
-            raise ValueError(f"inference must be 'prototype' or 'head', got {inference!r}")
         self.inference = inference
 
     def regulariser(self, z: Tensor, target: Tensor) -> Tensor:

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from fedrepro.hetero.base import ClientRound, HeteroMethod
 from fedrepro.hetero.engine import AUX
+from fedrepro.plugins import Fraction
 from fedrepro.sim.flat import FlatModel
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ class AuxModelMethod(HeteroMethod):
 class FML(AuxModelMethod):
     name = "fml"
 
-    def __init__(self, alpha: float = 0.5, beta: float = 0.5) -> None:
+    def __init__(self, alpha: Fraction = 0.5, beta: Fraction = 0.5) -> None:
         super().__init__()
         self.alpha, self.beta = alpha, beta
 
