@@ -279,7 +279,7 @@ def test_laptop_full_runs_feddisco_on_fashion_mnist_as_the_paper_and_feddle_at_i
     # what Snakemake does with --configfile: a study given as a file replaces the default's inline one
     cfg = resolve_config(laptop_full_config(inline=False), root=REPO)
     assert cfg["results_dir"] == "results/laptop-full"
-    assert sorted(cfg["studies"]) == ["feddisco", "feddle", "fedgtst", "fedl2g"]  # everything the default leaves out
+    assert sorted(cfg["studies"]) == ["feddisco", "feddle", "feddle-fmnist", "fedgtst", "fedl2g"]
     disco = cfg["studies"]["feddisco"]
     for name, clients in (("niid1", 10), ("niid2", 6)):
         setting = disco["settings"][name]
@@ -294,6 +294,12 @@ def test_laptop_full_runs_feddisco_on_fashion_mnist_as_the_paper_and_feddle_at_i
     rounds = feddle["defaults"]["rounds"]
     sigmas = [feddle["settings"][s]["async"]["delay_sigma"] for s in ("d01-n5", "d01-n20")]
     assert sigmas == [0.025 * rounds, 0.10 * rounds]
+    # Table 5 on Fashion-MNIST: the paper's 500 clients, 10 a round, N(20) as 10% of the rounds
+    fm = cfg["studies"]["feddle-fmnist"]
+    (name, setting), = fm["settings"].items()
+    assert setting["dataset"] == "fashion_mnist" and setting["partition"]["clients"] == 500
+    training = run_training(fm, name, "fedavg")
+    assert training["join_ratio"] * 500 == 10 and setting["async"]["delay_sigma"] == 0.10 * training["rounds"]
 
 
 def test_config_files_merge_as_snakemake_merges_them(tmp_path):
