@@ -32,6 +32,8 @@ rule prepare_dataset:
         parts=lambda w: [f"{DATA}/{name}.npz" for name in get_spec(w.dataset).built_from],
     output:
         f"{DATA}/{{dataset}}.npz",
+        # declared, so a prepared file written before checksums existed is rebuilt, not refused
+        checksum=f"{DATA}/{{dataset}}.npz.sha256",
     params:
         raw_dir=lambda w: f"{DATA}/{w.dataset}/raw" if get_spec(w.dataset).needs_download else None,
     log:

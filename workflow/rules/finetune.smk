@@ -14,6 +14,8 @@ rule finetune:
         runs=f"{RES}/{{study}}/runs/{{setting}}/{{method}}/seeds.json",
         source=lambda w: f"{DATA}/{setting_of(w)['dataset']}.npz",
         target=lambda w: f"{DATA}/{setting_of(w)['target']['dataset']}.npz",
+        checksums=lambda w: [f"{DATA}/{setting_of(w)['dataset']}.npz.sha256",
+                             f"{DATA}/{setting_of(w)['target']['dataset']}.npz.sha256"],
     output:
         f"{RES}/{{study}}/finetune/{{setting}}/{{method}}/seeds.json",
     params:
