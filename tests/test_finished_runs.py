@@ -1,5 +1,6 @@
 """What a finished seed keeps on disk: its run folder and a marker, not its last checkpoint (unless
-`keep_checkpoints`); a rerun of its job skips it while the marker matches, and retrains it when not."""
+`keep_checkpoints`); a rerun of its job skips it while the marker matches, and retrains it when not; the run
+of an edited config moves the earlier run's folder aside instead of overwriting it."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 from fedrepro.data.registry import prepare_dataset
 from fedrepro.partition import make_partition, partition_stats, save_partition
 from fedrepro.sim.checkpoint import SeedFiles, job_footprint
-from fedrepro.train import train_job
+from fedrepro.train import set_aside, train_job
 
 SPEC = {
     "study": "s", "setting": "iid", "method": "scaffold", "dataset": "digits", "model": "simple_cnn",
@@ -68,7 +69,8 @@ def test_a_finished_run_keeps_its_metrics_and_a_marker_not_its_checkpoint(finish
     assert marker["status"] == "complete" and len(marker["fingerprint"]) == 64
     run = finished / "seed0"
     assert marker["files"] == {name: sha256(run / name) for name in ("metrics.csv", "summary.json")}
-    assert json.loads((run / "summary.json").read_text())["status"] == "complete"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["fingerprint"] == marker["fingerprint"]
     # the footprint: the checkpoint it had while running (recorded in the marker), what it keeps now
     footprint = job_footprint(finished / "ckpt", {0: run})
     assert footprint.checkpoint_bytes == marker["checkpoint_bytes"] > 0
@@ -86,6 +88,7 @@ def test_rerunning_a_finished_job_trains_nothing(inputs, finished, tmp_path):
     assert any("not trained again" in m for m in logs), logs
     assert not any("round 1/2" in m for m in logs)
     assert {p.name: sha256(p) for p in (root / "seed0").iterdir()} == before
+    assert sorted(p.name for p in root.iterdir()) == ["ckpt", "seed0"]  # nothing set aside
 
 
 @pytest.mark.parametrize("change", ["lr", "partition", "metrics"])
@@ -103,6 +106,47 @@ def test_a_seed_whose_marker_does_not_match_trains_again(inputs, finished, tmp_p
     new = json.loads((root / "ckpt" / "seed0.done.json").read_text())
     assert new["files"]["metrics.csv"] == sha256(root / "seed0" / "metrics.csv")
     assert (new["fingerprint"] == old["fingerprint"]) == (change == "metrics")
+    # another config's finished run is set aside; the same run, retrained because its files changed, is not
+    aside = [p.name for p in root.iterdir() if p.name.startswith("seed0.")]
+    assert aside == ([] if change == "metrics" else [f"seed0.{old['fingerprint'][:12]}"])
+    assert any("moved to" in m for m in logs) == (change != "metrics")
+
+
+def test_an_edited_config_moves_the_earlier_run_aside_with_a_note(inputs, finished, tmp_path):
+    root = tmp_path / "edited"
+    shutil.copytree(finished, root)
+    before = {p.name: sha256(p) for p in (root / "seed0").iterdir()}
+    old = json.loads((root / "ckpt" / "seed0.done.json").read_text())["fingerprint"]
+    spec = copy.deepcopy(SPEC)
+    spec["training"]["lr"] = 0.01
+    data, partitions = inputs  # the edited spec's checkpoints go under another digest: no marker there
+    train_job(spec, data, {0: partitions[0]}, {0: root / "seed0"}, root / "ckpt-edited", log=lambda _: None)
+    aside = root / f"seed0.{old[:12]}"
+    note = json.loads((aside / "NOTE.json").read_text())
+    assert {p.name: sha256(p) for p in aside.iterdir() if p.name != "NOTE.json"} == before  # byte for byte
+    new = json.loads((root / "seed0" / "summary.json").read_text())
+    assert new["config"]["training"]["lr"] == 0.01 and new["fingerprint"] != old
+    assert note["fingerprint"] == old and note["replaced_by"] == new["fingerprint"]
+    assert note["moved_from"] == str(root / "seed0") and note["moved_at"] and "overwritten" in note["why"]
+
+
+def test_set_aside_never_reuses_a_folder_and_leaves_the_same_runs_fingerprint_in_place(tmp_path):
+    out = tmp_path / "seed3"
+
+    def finished_run(summary: str) -> None:
+        out.mkdir()
+        (out / "summary.json").write_text(summary)
+
+    assert set_aside(out, "b" * 64) is None  # nothing there yet
+    earlier = json.dumps({"fingerprint": "a" * 64})
+    for summary in (earlier, earlier, '{"status": "complete"}', "{trunc"):  # the last two say no fingerprint
+        finished_run(summary)
+        assert set_aside(out, "b" * 64) is not None and not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "seed3.aaaaaaaaaaaa", "seed3.aaaaaaaaaaaa-2", "seed3.unknown", "seed3.unknown-2"]
+    assert json.loads((tmp_path / "seed3.unknown" / "NOTE.json").read_text())["fingerprint"] is None
+    finished_run(json.dumps({"fingerprint": "b" * 64}))
+    assert set_aside(out, "b" * 64) is None and (out / "summary.json").is_file()
 
 
 def test_keep_checkpoints_keeps_the_finished_checkpoint_and_a_later_run_without_it_frees_it(inputs, tmp_path):

@@ -14,9 +14,11 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import pytest
 import yaml
 from conftest import REPO
+from processes import described, kill_marked, marked, marked_env, new_mark
 
 from fedrepro.config import job_resources, merge_configfiles, resolve_config
 
@@ -42,9 +44,11 @@ def _preempt_checkpoint() -> str:
 PREEMPT_CKPT = _preempt_checkpoint()
 
 
-def clean_env() -> dict[str, str]:
-    """This environment without SLURM_* variables (a stale SLURM_CONF would point clients elsewhere)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
+def clean_env(mark: str | None = None) -> dict[str, str]:
+    """This environment without SLURM_* variables (a stale SLURM_CONF would point clients elsewhere), with
+    ``mark`` (processes.marked_env) if given."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
+    return marked_env(env, mark) if mark else env
 
 
 def start(cmd: list[str], **kw) -> subprocess.Popen:
@@ -100,6 +104,30 @@ def paper_config(tmp_path: Path) -> list[str]:
     return [str(REPO / "config" / "config.yaml"), str(override)]
 
 
+def test_kill_marked_ends_a_detached_process_tree_and_nothing_else():
+    """What the SLURM tests' teardown relies on: every marked process, also one in a session of its own (as a
+    SLURM job's steps are: no parent-child walk from the test reaches them) and one that ignores SIGTERM."""
+    mark = new_mark()
+    tree = subprocess.Popen(["bash", "-c", "setsid sleep 300 & trap '' TERM; sleep 300 & wait"],
+                            env=marked_env(os.environ.copy(), mark), start_new_session=True)
+    bystander = subprocess.Popen(["sleep", "300"])
+    try:
+        deadline = time.monotonic() + 5
+        while len(marked(mark)) < 3 and time.monotonic() < deadline:  # bash and its two sleeps
+            time.sleep(0.02)
+        started = marked(mark)
+        assert len(started) == 3 and tree.pid in {p.pid for p in started}
+        assert len({os.getsid(p.pid) for p in started}) == 2  # the setsid sleep left the tree's session
+        assert kill_marked(mark, timeout=0.5) == [] and marked(mark) == []
+        tree.wait(timeout=5)
+        assert all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in started)
+        assert bystander.poll() is None  # unmarked: left alone
+    finally:
+        for proc in (tree, bystander):
+            proc.kill()
+            proc.wait()
+
+
 def test_slurm_profile_asks_a_gpu_for_train_jobs_and_none_for_localrules(tmp_path):
     profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
     assert profile["executor"] == "slurm" and "slurm_partition" in profile["default-resources"]
@@ -150,6 +178,20 @@ def slurm_cluster():
         run(["bash", str(TOOLS / "stop.sh")], timeout=120, env=clean_env())
 
 
+@pytest.fixture
+def own_processes():
+    """A marker for the snakemake runs a SLURM test starts (clean_env(mark)): sbatch and srun pass it on to
+    every process of the jobs. At teardown whatever still carries it is killed, and none may survive that.
+    A cancelled job's snakemake can outlive its job: scancel's SIGTERM ends the batch script's shell first,
+    which orphans the snakemake and srun it started (reparented to init, so out of the process tree that
+    start.sh's proctrack/linuxproc SIGKILLs KillWait later), and snakemake waits for its running job on
+    SIGTERM; once the cluster is stopped, nothing else would end them."""
+    mark = new_mark()
+    yield mark
+    left = kill_marked(mark)
+    assert not left, f"processes of this test survive SIGKILL: {described(left)}"
+
+
 def scontrol_job(job_id: str) -> dict[str, str]:
     out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True,
                          timeout=30, env=clean_env()).stdout
@@ -162,16 +204,16 @@ def without_seconds(path: Path) -> pd.DataFrame:
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_tiny_study_through_slurm_equals_the_local_run(slurm_cluster, tmp_path):
+def test_tiny_study_through_slurm_equals_the_local_run(slurm_cluster, own_processes, tmp_path):
     config = tmp_path / "tiny.yaml"
     config.write_text(TINY)
     on_slurm, local = tmp_path / "slurm", tmp_path / "local"
     # the local reference runs beside the SLURM run: the SLURM jobs mostly wait on the scheduler
     local_proc = start([*SNAKEMAKE, "--cores", "2", "--directory", str(local), "--configfile", str(config)],
-                       cwd=REPO, env=clean_env())
+                       cwd=REPO, env=clean_env(own_processes))
     code, out = run([*SNAKEMAKE, "--executor", "slurm", "--profile", "profiles/slurm-test", "--workflow-profile",
                      "none", "--directory", str(on_slurm), "--configfile", str(config)],
-                    timeout=SLURM_RUN_TIMEOUT, cwd=REPO, env=clean_env())
+                    timeout=SLURM_RUN_TIMEOUT, cwd=REPO, env=clean_env(own_processes))
     local_code, local_out = finish(local_proc, timeout=300)
     ctld_log = Path(os.environ.get("FEDREPRO_SLURM_DIR", "/tmp/fedrepro-slurm")) / "log" / "slurmctld.log"
     assert code == 0, out[-4000:] + "\n--- slurmctld.log\n" + (
@@ -242,12 +284,23 @@ def train_jobs_in_queue() -> list[str]:
     return [row[0] for row in rows if len(row) > 1 and row[1].startswith("rule_train")]
 
 
-def cancel_mid_run(command: list[str], checkpoint: Path, at_least: int) -> tuple[int | None, str, str, int]:
-    """Run ``command`` (snakemake through SLURM); once ``checkpoint`` holds round ``at_least`` or later, scancel
-    the train job. Returns snakemake's exit code and output, the cancelled job's id and the round seen."""
-    proc = start(command, cwd=REPO, env=clean_env())
+def in_slurm_job(proc: psutil.Process) -> bool:
+    """Whether ``proc`` runs in a SLURM job (a slurmstepd is one of its ancestors)."""
+    try:
+        return any(parent.name() == "slurmstepd" for parent in proc.parents())
+    except psutil.Error:  # ended meanwhile
+        return False
+
+
+def cancel_mid_run(command: list[str], checkpoint: Path, at_least: int, mark: str) -> tuple[int | None, str, str, int]:
+    """Run ``command`` (snakemake through SLURM, its processes carrying ``mark``); once ``checkpoint`` holds
+    round ``at_least`` or later, scancel the train job. Returns snakemake's exit code and output, the cancelled
+    job's id and the round seen."""
+    proc = start(command, cwd=REPO, env=clean_env(mark))
     try:
         seen = wait_for_checkpoint(proc, checkpoint, at_least=at_least, timeout=180)
+        # sbatch and srun pass the marker on to the job's processes: own_processes' teardown can find them
+        assert any(in_slurm_job(p) for p in marked(mark)), described(marked(mark))
         jobs = train_jobs_in_queue()
         assert len(jobs) == 1, jobs
         subprocess.run(["scancel", jobs[0]], check=True, timeout=30, env=clean_env())
@@ -266,7 +319,7 @@ def stopped_round(job_log: str) -> int:
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_scancel_mid_run_checkpoints_fails_the_job_and_reruns_resume_to_the_uninterrupted_metrics(
-        slurm_cluster, tmp_path):
+        slurm_cluster, own_processes, tmp_path):
     """scancel of a running train job: SLURM sends SIGTERM to every process of the job's steps (the python of
     the train script included, under snakemake's srun step), SIGKILL KillWait (5 s) later. The script
     checkpoints the round it is in and exits non-zero, and snakemake reports the job failed: without
@@ -285,15 +338,16 @@ def test_scancel_mid_run_checkpoints_fails_the_job_and_reruns_resume_to_the_unin
     # the train job's inputs are made here (the test above sends the prep group job through SLURM), so the
     # SLURM runs are the train job alone
     code, out = run([*SNAKEMAKE, "results/pre/partitions/niid/seed0.npz", "--cores", "2", "--directory",
-                     str(on_slurm), "--configfile", str(config)], timeout=120, cwd=REPO, env=clean_env())
+                     str(on_slurm), "--configfile", str(config)], timeout=120, cwd=REPO,
+                    env=clean_env(own_processes))
     assert code == 0, out[-3000:]
     local_proc = start([*SNAKEMAKE, target, "--cores", "1", "--directory", str(local), "--configfile", str(config)],
-                       cwd=REPO, env=clean_env())
+                       cwd=REPO, env=clean_env(own_processes))
     command = [*SNAKEMAKE, target, "--executor", "slurm", "--profile", "profiles/slurm-test", "--workflow-profile",
                "none", "--directory", str(on_slurm), "--configfile", str(config)]
     try:
         # 1. no retries: the cancelled job fails the run, and its checkpoint holds the round it stopped at
-        code, out, first, seen = cancel_mid_run(command, ckpt, at_least=4)
+        code, out, first, seen = cancel_mid_run(command, ckpt, at_least=4, mark=own_processes)
         assert code == 1, out[-4000:]
         assert f"SLURM-job '{first}' failed, SLURM status is: 'CANCELLED'" in out, out[-4000:]
         assert scontrol_job(first).get("JobState") == "CANCELLED"
@@ -308,7 +362,8 @@ def test_scancel_mid_run_checkpoints_fails_the_job_and_reruns_resume_to_the_unin
         assert not (on_slurm / PREEMPT_RUN / "seed0/summary.json").exists()
 
         # 2. the same command with --retries: it resumes, is cancelled again, and snakemake submits it once more
-        code, out, second, _ = cancel_mid_run([*command, "--retries", "1"], ckpt, at_least=stopped + 3)
+        code, out, second, _ = cancel_mid_run([*command, "--retries", "1"], ckpt, at_least=stopped + 3,
+                                             mark=own_processes)
         assert code == 0, out[-4000:]
         assert f"SLURM-job '{second}' failed, SLURM status is: 'CANCELLED'" in out, out[-4000:]
         assert "Trying to restart job 0." in out, out[-4000:]

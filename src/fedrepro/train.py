@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import platform
 import signal
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
@@ -88,8 +90,11 @@ def machine() -> dict:
             "torch": torch.__version__, "threads": torch.get_num_threads()}
 
 
-def write_run(out_dir: Path, spec: dict, seed: int, result: RunResult, device: torch.device) -> None:
-    """metrics.csv and summary.json of one seed; summary.json last, so it marks a finished run."""
+def write_run(out_dir: Path, spec: dict, seed: int, result: RunResult, device: torch.device,
+              fingerprint: str = "") -> None:
+    """metrics.csv and summary.json of one seed; summary.json last, so it marks a finished run. Its
+    ``fingerprint`` (the run's: train.fingerprint) tells a later job of another configuration whose run the
+    folder holds (set_aside)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     # the engine's columns first, then whatever a method adds (Algorithm.round_metrics)
     first = result.history[0] if result.history else {}
@@ -105,7 +110,7 @@ def write_run(out_dir: Path, spec: dict, seed: int, result: RunResult, device: t
         # what the aggregation checks metrics.csv against (fedrepro.report.collect): a cut file may still parse
         "metrics_sha256": hashlib.sha256(metrics.encode()).hexdigest(),
         "status": result.status, "diverged_round": result.diverged_round, "stopped_round": result.stopped_round,
-        "rounds": spec["training"]["rounds"], "last_k": spec["training"]["last_k"],
+        "fingerprint": fingerprint, "rounds": spec["training"]["rounds"], "last_k": spec["training"]["last_k"],
         **summarize(result, spec["training"]["last_k"]),
         "per_class_acc": result.per_class_acc,
         "seconds": last.get("seconds"), "config": spec, "device": str(device), "machine": machine(),
@@ -115,6 +120,36 @@ def write_run(out_dir: Path, spec: dict, seed: int, result: RunResult, device: t
                      "torch": torch.__version__, "numpy": np.__version__},
     }
     atomic_write_json(out_dir / "summary.json", summary)
+
+
+def set_aside(out_dir: Path, fingerprint: str) -> Path | None:
+    """Move a finished run of another fingerprint (an edited config's earlier run) out of ``out_dir``, which the
+    run of ``fingerprint`` is about to write, to ``seed{N}.{its fingerprint[:12]}`` beside it (``-2``, ``-3``,
+    ... when taken; ``unknown`` for a run that recorded none) with NOTE.json saying whose run it is, when and
+    why it was moved; the new folder, or None when there was nothing to move. A run of ``fingerprint`` itself
+    (retrained because its files changed) is overwritten: it is the same run."""
+    out_dir = Path(out_dir)
+    try:
+        old = json.loads((out_dir / "summary.json").read_text()).get("fingerprint") or None
+    except FileNotFoundError:  # no finished run here
+        return None
+    except (OSError, ValueError, AttributeError):  # a summary that cannot say whose run it is: keep it too
+        old = None
+    if old == fingerprint:
+        return None
+    stem = out_dir.with_name(f"{out_dir.name}.{old[:12] if old else 'unknown'}")
+    moved, n = stem, 1
+    while moved.exists():  # the same earlier config set aside before (configs edited back and forth)
+        n += 1
+        moved = stem.with_name(f"{stem.name}-{n}")
+    os.rename(out_dir, moved)  # same folder: atomic, and the run's files stay byte for byte
+    atomic_write_json(moved / "NOTE.json", {
+        "moved_from": str(out_dir), "fingerprint": old, "replaced_by": fingerprint,
+        "moved_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "why": "a train job of another configuration (replaced_by) was about to write its run into moved_from; "
+               "this finished run was moved here instead of being overwritten",
+    })
+    return moved
 
 
 def job_data(spec: dict, data_path: Path, device: str, threads: int) -> tuple[torch.device, Prepared, DeviceData]:
@@ -163,7 +198,8 @@ def run_seeds(
     With a ``checkpoint_dir``, a finished seed leaves a marker there (sim/checkpoint.py) and its checkpoint
     goes unless ``keep_checkpoints``; ``keep_model`` keeps its final parameters (fine-tuning reads them). A
     seed whose marker matches is not trained again: its result holds only its status (the rest is in its
-    run folder)."""
+    run folder). A finished run of another fingerprint in a seed's folder is moved aside (set_aside) just
+    before the seed's new run is written there."""
     dev, prepared, data = job_data(spec, data_path, device, threads)
     results = {}
     for seed, part_path in partitions.items():
@@ -182,10 +218,12 @@ def run_seeds(
             torch.manual_seed(derive_seed(seed, INIT))
             run = build(seed, parts, data, lambda msg, tag=tag: log(f"{tag}: {msg}"))
             results[seed] = run.run(files.checkpoint if files else None, run_fingerprint)
+            if moved := set_aside(out, run_fingerprint):
+                log(f"{tag}: {out} held a finished run of another configuration: moved to {moved} (NOTE.json)")
             out.mkdir(parents=True, exist_ok=True)
             if finish:
                 finish(run, out)
-            write_run(out, spec, seed, results[seed], dev)
+            write_run(out, spec, seed, results[seed], dev, run_fingerprint)
             if files:
                 mark_finished(files, run_fingerprint, out, results[seed], keep_model)
         if files and not keep_checkpoints:  # also one a crash left behind after the marker was written

@@ -5,6 +5,8 @@
 # sha256 of its run folder's files: a rerun of the job skips it while they match) and deletes its checkpoint
 # unless `keep_checkpoints`; a seed that a fine-tuning job reads (a setting with a `target`) also keeps
 # seed{N}.model.pt, its final parameters alone.
+# A seed folder holding a finished run of another fingerprint (an edited config's earlier run) is moved
+# aside to seed{N}.{fingerprint[:12]}/ with NOTE.json before the new run is written (train.set_aside).
 # No `benchmark:` directive: its memory polling (psutil over /proc/<pid>/smaps twice a second in Snakemake's
 # own process) took ~5% of a 2-core laptop; the index records the job's wall seconds instead.
 
