@@ -147,3 +147,12 @@ def test_each_run_is_judged_by_the_metric_of_the_tables_that_show_it():
     rows = {r[1]: r[4] for r in missed}
     assert rows["both"] == "mean 70.00 vs 72.00 before (-2.00, quarter-mean)"  # the rule it misses, only
     assert rows["diverged"] == "best 84.00 vs 84.00 before (+0.00, best-over-rounds)"  # named, with its check
+
+
+def test_a_run_that_diverges_before_its_fourth_evaluation_counts_as_a_miss():
+    # SCAFFOLD on the default's NIID-2 diverged at round 6 (3 evaluations): left out, it made 8 of 10 of 8 of 12
+    curves = {("a", "early", 0): [10, 40, 57], ("a", "flat", 0): [10, 60, 70, 71, 71.5, 72, 72.4, 72.2]}
+    plateaus, short = run_plateaus(_runs(curves), _summary(curves, status={("a", "early", 0): "diverged"}))
+    assert short == []
+    early = next(r for r in plateaus if r.method == "early")
+    assert early.status == "diverged" and not early.at_plateau and early.evaluations == 3

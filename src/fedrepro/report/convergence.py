@@ -150,12 +150,19 @@ def run_plateaus(runs: pd.DataFrame, summary: pd.DataFrame,
         acc = curve.sort_values("round")["test_acc"].to_numpy(dtype=float)
         key = (str(setting), str(method), int(seed))
         means = quarter_means(acc)
+        run_status = status.get(key, "complete")
+        if means is None and run_status != "complete":
+            # a run that diverged before its fourth evaluation is a miss like any diverged run, never left out
+            last = float(acc[-1]) if len(acc) else float("nan")
+            plateaus.append(RunPlateau(*key, evaluations=len(acc), quarter_before=last, last_quarter=last,
+                                       status=run_status))
+            continue
         if means is None:
             short.append(key)
             continue
         checks = [plateau_check(acc, rule) for rule in (rules or {}).get(key[:2], [QUARTER_MEAN])]
         plateaus.append(RunPlateau(*key, evaluations=len(acc), quarter_before=means[0], last_quarter=means[1],
-                                   status=status.get(key, "complete"), checks=checks))
+                                   status=run_status, checks=checks))
     return plateaus, short
 
 

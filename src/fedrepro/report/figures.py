@@ -103,8 +103,8 @@ def _diverged_text(label: str, panels: list[tuple[str | None, list[int], int]]) 
         done = total - len(seeds)
         mean = f"mean over {done} of {total} seeds" if done else "no mean"
         parts.append(f"{_seed_list(seeds)}{f' in {where}' if where else ''}, {mean}")
-    # wrapped: a figure of many panels would otherwise get a legend wider than itself
-    return textwrap.fill(f"{label}: × diverged ({'; '.join(parts)})", 90)
+    # wrapped: two legend columns of these must fit a two-panel figure's width (90 characters overflowed it)
+    return textwrap.fill(f"{label}: × diverged ({'; '.join(parts)})", 55)
 
 
 def render_curves(spec: dict, runs: pd.DataFrame, out_stem: Path, summary: pd.DataFrame | None = None) -> Figure:
