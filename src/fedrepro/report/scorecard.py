@@ -64,7 +64,8 @@ RANK_MIN_ROWS = 3  # Kendall's tau over fewer rows says little
 # a claim's place: it holds (fails) where the difference in its favour exceeds (falls below minus) NOISE_SE
 # standard errors, and is within noise otherwise
 NOISE_SE = 2
-HOLDS, FAILS, WITHIN_NOISE = "holds", "fails", "within noise"
+HOLDS, FAILS, WITHIN_NOISE, UNRESOLVED = "holds", "fails", "within noise", "unresolved"
+ONE_SEED = "1 seed"  # our side of a place without an SE: nothing to judge the difference against
 
 
 @dataclass
@@ -186,6 +187,10 @@ class Place:
     @property
     def outcome(self) -> str:
         if math.isnan(self.se):
+            # one seed of ours has no noise estimate: unresolved, never a verdict by sign; a published mean
+            # printed without its sd is the paper's own claim, checked by its sign
+            if self.no_se == ONE_SEED:
+                return UNRESOLVED
             return HOLDS if self.sign_holds else FAILS
         if self.diff > NOISE_SE * self.se:
             return HOLDS
@@ -238,13 +243,15 @@ def _places(spec: dict, claim: dict, grid: list[list[Estimate]], no_se: str) -> 
 
 def _verdict(places: list[Place], total: int) -> tuple[str | None, str]:
     """(the claim's outcome, None if no place could be checked; the verdict line): it holds if it holds in every
-    place, fails if it fails in any, and is within noise otherwise; then each place's difference."""
+    place, fails if it fails in any, is unresolved where every place is (one seed), and is within noise otherwise;
+    then each place's difference."""
     if not places:
         return None, "not checkable (no numbers)"
-    count = {o: sum(p.outcome == o for p in places) for o in (HOLDS, FAILS, WITHIN_NOISE)}
+    count = {o: sum(p.outcome == o for p in places) for o in (HOLDS, FAILS, WITHIN_NOISE, UNRESOLVED)}
     n = len(places)
-    outcome = FAILS if count[FAILS] else HOLDS if count[HOLDS] == n else WITHIN_NOISE
-    words = {HOLDS: "hold", FAILS: "fail", WITHIN_NOISE: "within noise"}
+    outcome = (FAILS if count[FAILS] else HOLDS if count[HOLDS] == n else UNRESOLVED if count[UNRESOLVED] == n
+               else WITHIN_NOISE)
+    words = {HOLDS: "hold", FAILS: "fail", WITHIN_NOISE: "within noise", UNRESOLVED: "unresolved"}
     tally = f"{n} of {n}" if outcome == HOLDS else ", ".join(
         f"{k} {words[o]}" for o, k in count.items() if k) + f" of {n}"
     missing = f"; {total - n} of {total} without numbers" if n < total else ""
@@ -282,7 +289,7 @@ def check_claims(spec: dict, cells: pd.DataFrame, trials: int | None = None) -> 
     for claim in spec.get("claims", []):
         claim = {"columns": None, "rows": None, **claim}
         total = _n_places(spec, claim)
-        ours_places = _places(spec, claim, ours, "1 seed")
+        ours_places = _places(spec, claim, ours, ONE_SEED)
         outcome, ours_text = _verdict(ours_places, total)
         _, paper_text = _verdict(_places(spec, claim, paper, paper_no_se), total)
         # a claim holds only where it holds in every place it makes; one place against it is enough to fail
@@ -421,9 +428,10 @@ def _intro(scale: str, scores: list[TableScore]) -> list[str]:
         "against the strongest other row). There the difference of the two means in the claim's favour **holds** "
         f"when it exceeds {NOISE_SE:g} standard errors, **fails** when it falls below minus {NOISE_SE:g} SE, and is "
         "**within noise** otherwise; SE = sqrt(sd_a²/n_a + sd_b²/n_b), from our sd over seeds (sample sd) or "
-        "the published sd over the paper's trials. Without an sd (one seed, or none printed) the sign decides, "
-        "ties at two decimals holding. A claim holds if it holds in every place, fails if it fails in any, "
-        "and is within noise otherwise.",
+        "the published sd over the paper's trials. A place where we have one seed has no SE and is "
+        "**unresolved**; a published pair printed without sds is judged by its sign, ties at two decimals "
+        "holding. A claim holds if it holds in every place, fails if it fails in any, "
+        "is unresolved if no place could be judged, and is within noise otherwise.",
     ]
 
 
@@ -519,7 +527,7 @@ text-align:left;vertical-align:top}th{background:#f3f3f3}.holds{color:#1a7f37}.f
 
 
 def _html_cell(text: str) -> str:
-    cls = next((c for prefix, c in ((HOLDS, "holds"), (FAILS, "fails"), (WITHIN_NOISE, "noise"),
+    cls = next((c for prefix, c in ((HOLDS, "holds"), (FAILS, "fails"), (WITHIN_NOISE, "noise"), (UNRESOLVED, "noise"),
                                      ("not checkable", "na")) if text.startswith(prefix)), "")
     return f'<td class="{cls}">{html.escape(text)}</td>' if cls else f"<td>{html.escape(text)}</td>"
 
