@@ -76,7 +76,8 @@ def test_best_claim_holds_fails_and_names_the_failing_column() -> None:
     ours = [[70.0, 60.0], [69.0, 61.0], [NAN, 50.0]]
     paper = [[71.0, 64.0], [70.0, 63.0], [60.0, 62.0]]
     # three seeds of sd 0.1 a cell: SE of a difference sqrt(0.01 / 3 * 2) = 0.08
-    (claim,) = check_claims(spec, cells_of(spec, ours, paper, [[NAN] * 2] * 3, ours_sd=[[0.1] * 2] * 3, seeds=3), trials=3)
+    cells = cells_of(spec, ours, paper, [[NAN] * 2] * 3, ours_sd=[[0.1] * 2] * 3, seeds=3)
+    (claim,) = check_claims(spec, cells, trials=3)
     assert claim.paper == ("holds (2 of 2): one (vs B) holds: +1.00 (no sd printed); "
                            "two (vs B) holds: +1.00 (no sd printed)")
     assert claim.ours == ("fails (1 hold, 1 fail of 2): one (vs B) holds: +1.00 ± 0.08 (2 SE 0.16); "
@@ -105,7 +106,8 @@ def test_pairwise_and_column_claims_with_missing_cells() -> None:
     spec = spec_of(columns, claims)
     ours = [[50.0, 55.0], [60.0, 58.0], [NAN, 70.0]]
     paper = [[50.0, 52.0], [60.0, 61.0], [65.0, 66.0]]
-    pair, column, one_row = check_claims(spec, cells_of(spec, ours, paper, [[NAN] * 2] * 3, ours_sd=[[0.1] * 2] * 3, seeds=3), trials=3)
+    cells = cells_of(spec, ours, paper, [[NAN] * 2] * 3, ours_sd=[[0.1] * 2] * 3, seeds=3)
+    pair, column, one_row = check_claims(spec, cells, trials=3)
     assert pair.text == "C beats B"
     assert pair.ours == "holds (1 of 1); 1 of 2 without numbers: with holds: +12.00 ± 0.08 (2 SE 0.16)"
     assert pair.holds is None and pair.paper.startswith("holds (2 of 2): ")
