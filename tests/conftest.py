@@ -25,6 +25,19 @@ def digits_prepared(tmp_path_factory):
     return load_prepared(path)
 
 
+def tiny_digits_spec(algorithm: str) -> dict:
+    """A resolved run spec of ``algorithm`` on the digits: 3 IID clients, 2 rounds of one epoch, evaluated and
+    checkpointed every round (train_job's smallest real run)."""
+    return {
+        "study": "s", "setting": "iid", "method": algorithm, "dataset": "digits", "model": "simple_cnn",
+        "partition": {"kind": "iid", "clients": 3}, "image_size": None, "channels": None,
+        "algorithm": algorithm, "hparams": {}, "weighting": {"kind": "size"},
+        "training": {"rounds": 2, "local_epochs": 1, "batch_size": 64, "lr": 0.05, "momentum": 0.0,
+                     "weight_decay": 0.0, "join_ratio": 1.0, "eval_every": 1, "last_k": 1, "checkpoint_every": 1,
+                     "straggler_steps": None},
+    }
+
+
 def digits_job_inputs(root: Path, partition: dict, seeds: tuple[int, ...]) -> tuple[Path, dict[int, Path]]:
     """The prepared digits file in ``root`` and one partition file per seed of ``partition``: a train job's
     inputs, as the pipeline writes them."""

@@ -13,19 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_digits_spec
 
 from fedrepro.data.registry import prepare_dataset
 from fedrepro.partition import make_partition, partition_stats, save_partition
 from fedrepro.sim.checkpoint import SeedFiles, job_footprint
 from fedrepro.train import set_aside, train_job
 
-SPEC = {
-    "study": "s", "setting": "iid", "method": "scaffold", "dataset": "digits", "model": "simple_cnn",
-    "partition": {"kind": "iid", "clients": 3}, "image_size": None, "channels": None,
-    "algorithm": "scaffold", "hparams": {}, "weighting": {"kind": "size"},
-    "training": {"rounds": 2, "local_epochs": 1, "batch_size": 64, "lr": 0.05, "momentum": 0.0, "weight_decay": 0.0,
-                 "join_ratio": 1.0, "eval_every": 1, "last_k": 1, "checkpoint_every": 1, "straggler_steps": None},
-}
+SPEC = tiny_digits_spec("scaffold")
 
 
 @pytest.fixture(scope="module")

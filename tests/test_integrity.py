@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import digits_job_inputs, dirichlet_clients, sync_run
+from conftest import digits_job_inputs, dirichlet_clients, sync_run, tiny_digits_spec
 
 from fedrepro import pipeline
 from fedrepro.data.format import load_prepared, save_prepared
@@ -24,13 +24,7 @@ from fedrepro.sim.checkpoint import CheckpointError, SeedFiles, finished_marker,
 from fedrepro.sim.sync import TrainingConfig
 from fedrepro.train import train_job
 
-SPEC = {
-    "study": "s", "setting": "iid", "method": "fedavg", "dataset": "digits", "model": "simple_cnn",
-    "partition": {"kind": "iid", "clients": 3}, "image_size": None, "channels": None,
-    "algorithm": "fedavg", "hparams": {}, "weighting": {"kind": "size"},
-    "training": {"rounds": 2, "local_epochs": 1, "batch_size": 64, "lr": 0.05, "momentum": 0.0, "weight_decay": 0.0,
-                 "join_ratio": 1.0, "eval_every": 1, "last_k": 1, "checkpoint_every": 1, "straggler_steps": None},
-}
+SPEC = tiny_digits_spec("fedavg")
 
 
 def flip(path: Path, at: float = 0.5) -> None:
