@@ -30,6 +30,7 @@ rule prepare_dataset:
             [f"{DATA}/{w.dataset}/raw/MANIFEST.json"] if get_spec(w.dataset).needs_download else []
         ),
         parts=lambda w: [f"{DATA}/{name}.npz" for name in get_spec(w.dataset).built_from],
+        parts_checksums=lambda w: [f"{DATA}/{name}.npz.sha256" for name in get_spec(w.dataset).built_from],
     output:
         f"{DATA}/{{dataset}}.npz",
         # declared, so a prepared file written before checksums existed is rebuilt, not refused

@@ -16,7 +16,10 @@ rule train:
         data=lambda w: f"{DATA}/{setting_of(w)['dataset']}.npz",
         partitions=partition_files,
         # the checksums read back with them: a file written before checksums existed is rebuilt first
-        checksums=lambda w: [f"{p}.sha256" for p in [f"{DATA}/{setting_of(w)['dataset']}.npz", *partition_files(w)]],
+        checksums=lambda w: [
+            f"{p}.sha256"
+            for p in [f"{DATA}/{setting_of(w)['dataset']}.npz", *partition_files(w), *server_data_files(w)]
+        ],
         server_data=server_data_files,
         weights=weights_files,
     output:
