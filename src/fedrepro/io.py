@@ -53,7 +53,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None], *, chec
             # the renames leaves one of the two, both whole (a resumable checkpoint stays resumable)
             digest, sidecar = file_digest(Path(tmp), "sha256"), checksum_path(path)
             try:
-                accepted = _checksums(sidecar)
+                accepted = recorded_checksums(sidecar)
             except (OSError, UnicodeDecodeError):  # none yet, or itself damaged: nothing vouches for the old
                 accepted = []
             both = dict.fromkeys([digest, *accepted])
@@ -110,7 +110,7 @@ def verify_checksum(path: str | os.PathLike, remedy: str = REBUILD) -> None:
     actual = file_digest(path, "sha256")  # first: a missing file is a FileNotFoundError naming it
     sidecar = checksum_path(path)
     try:
-        accepted = _checksums(sidecar)
+        accepted = recorded_checksums(sidecar)
     except FileNotFoundError:
         raise DamagedFileError(f"{path}: its checksum file {sidecar.name} is missing (written before checksums "
                                f"were kept, or deleted), so its content cannot be verified: {remedy}") from None
@@ -121,7 +121,7 @@ def verify_checksum(path: str | os.PathLike, remedy: str = REBUILD) -> None:
                                f"corrupt): {remedy}")
 
 
-def _checksums(sidecar: Path) -> list[str]:
+def recorded_checksums(sidecar: Path) -> list[str]:
     """The digests a checksum file accepts: the first word of each line (two while its file is replaced)."""
     return [line.split()[0] for line in sidecar.read_text().splitlines() if line.strip()]
 

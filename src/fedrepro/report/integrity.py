@@ -12,19 +12,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedrepro.io import atomic_write, atomic_write_text
-
-CHECKSUM_SUFFIX = ".sha256"
+from fedrepro.io import atomic_write, checksum_path, recorded_checksums
 
 
 class AggregateError(ValueError):
     """An aggregated table that cannot be used (cut, edited, or without rows for a run); the message names it."""
-
-
-def checksum_path(path: str | Path) -> Path:
-    """The file holding the sha256 of the aggregated table ``path``."""
-    path = Path(path)
-    return path.with_name(path.name + CHECKSUM_SUFFIX)
 
 
 def _rebuild(path: Path) -> str:
@@ -32,12 +24,9 @@ def _rebuild(path: Path) -> str:
 
 
 def write_checked_csv(df: pd.DataFrame, path: str | Path) -> None:
-    """Write ``df`` as CSV (no index) atomically, then its sha256 beside it (a crash in between leaves a sum
-    that does not match: refused, never trusted)."""
-    path = Path(path)
+    """Write ``df`` as CSV (no index) atomically with its sha256 beside it (fedrepro.io.atomic_write)."""
     data = df.to_csv(index=False, lineterminator="\n").encode()
-    atomic_write(path, lambda tmp: tmp.write_bytes(data))
-    atomic_write_text(checksum_path(path), f"{hashlib.sha256(data).hexdigest()}  {path.name}\n")
+    atomic_write(Path(path), lambda tmp: tmp.write_bytes(data), checksum=True)
 
 
 def read_checked_csv(path: str | Path) -> pd.DataFrame:
@@ -46,11 +35,13 @@ def read_checked_csv(path: str | Path) -> pd.DataFrame:
     data = path.read_bytes()
     sidecar = checksum_path(path)
     try:
-        recorded = sidecar.read_text().split()[0]
-    except (OSError, UnicodeDecodeError, IndexError):
+        recorded = recorded_checksums(sidecar)
+    except (OSError, UnicodeDecodeError):
+        recorded = []
+    if not recorded:
         raise AggregateError(f"{path}: its checksum file {sidecar} is missing or empty, so nothing says the table "
-                             f"is whole; {_rebuild(path)}") from None
-    if hashlib.sha256(data).hexdigest() != recorded:
+                             f"is whole; {_rebuild(path)}")
+    if hashlib.sha256(data).hexdigest() not in recorded:
         raise AggregateError(f"{path} does not match the sha256 in {sidecar}: it was cut or edited after the "
                              f"aggregation wrote it; {_rebuild(path)}")
     return pd.read_csv(io.BytesIO(data))
