@@ -289,6 +289,8 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         for key in study[names]:
             if problem := name_problem(names, key):
                 fail(names, problem)
+    for dataset in study.get("normalize", {}):
+        known(f"normalize.{dataset}", dataset, DATASETS, "data set")
     for s, setting in study["settings"].items():
         known(f"settings.{s}.dataset", setting["dataset"], DATASETS, "data set")
         for key, problem in partition_problems(setting):
@@ -689,11 +691,19 @@ def run_spec(study: dict, setting: str, method: str) -> dict[str, Any]:
         "test_longtail_rho": s.get("test_longtail_rho"),
         # only settings that set it carry the key, so other runs' specs (and checkpoint digests) are unchanged
         **({"test_samples": s["test_samples"]} if s.get("test_samples") else {}),
+        **({"normalize": normalize} if (normalize := run_normalize(study, setting)) else {}),
         "algorithm": m["algorithm"], "hparams": m["hparams"], "weighting": m["weighting"],
         "training": run_training(study, setting, method),
         # only async studies carry the key, so the specs (and checkpoint digests) of the others are unchanged
         **({"async": run_async(study, setting)} if study["federation"] == "async" else {}),
     }
+
+
+def run_normalize(study: dict, setting: str) -> dict[str, list[float]] | None:
+    """The fixed input normalisation of a setting: its own `normalize`, else the study's for its data set,
+    else None (the training split's statistics)."""
+    s = study["settings"][setting]
+    return s.get("normalize") or study.get("normalize", {}).get(s["dataset"])
 
 
 def run_async(study: dict, setting: str) -> dict[str, Any]:

@@ -169,7 +169,8 @@ def job_data(spec: dict, data_path: Path, device: str, threads: int) -> tuple[to
     if spec.get("test_samples") and spec["test_samples"] < len(prepared.y_test):
         keep = stratified_subset(prepared.y_test, spec["test_samples"], np.random.default_rng(0))
         prepared = dataclasses.replace(prepared, x_test=prepared.x_test[keep], y_test=prepared.y_test[keep])
-    return dev, prepared, to_device_data(prepared, dev, spec.get("image_size"), spec.get("channels"))
+    return dev, prepared, to_device_data(prepared, dev, spec.get("image_size"), spec.get("channels"),
+                                         spec.get("normalize"))
 
 
 class SeedRun(Protocol):

@@ -81,16 +81,17 @@ def device_data_bytes(n_train: int, n_test: int, shape: tuple[int, int, int]) ->
 
 
 def to_device_data(
-    prepared, device: torch.device, image_size: int | None = None, channels: int | None = None
+    prepared, device: torch.device, image_size: int | None = None, channels: int | None = None,
+    normalize: dict[str, list[float]] | None = None,
 ) -> DeviceData:
     """Move a prepared data set (fedrepro.data.format.Prepared) to ``device`` as standardised tensors.
 
-    Images are standardised per channel with the training split's mean and sd, for every data set. (The
-    papers' code uses fixed constants instead: FedDisco's Fashion-MNIST (x - 0.5) / 0.5, its CIFAR-10
-    (0.4914, 0.4822, 0.4465) / (0.2023, 0.1994, 0.2010), ImageNet's for HAM10000. For Fashion-MNIST (mean
-    0.286, sd 0.353 in [0, 1]) theirs feeds inputs of mean -0.43 and sd 0.71 where ours feeds 0 and 1.)
-    The statistics are reductions over the whole tensor, which need no copy of it, and the
-    standardisation is in place: the peak is ``device_data_bytes``'s."""
+    Images in [0, 1] become (x - mean) / std per channel: by default with the training split's mean and sd;
+    with ``normalize`` ({"mean": [...], "std": [...]}, one value per channel or one for all, a setting's
+    `normalize` key) with those fixed constants, as the papers' code does (FedDisco's and HtFLlib's
+    Fashion-MNIST: (x - 0.5) / 0.5; their inputs then have mean -0.43 and sd 0.71, where the training
+    split's statistics give 0 and 1). The statistics are reductions over the whole tensor, which need no
+    copy of it, and the standardisation is in place: the peak is ``device_data_bytes``'s."""
     meta = prepared.meta
     if meta.get("kind") == "text":
         return DeviceData(
@@ -101,8 +102,11 @@ def to_device_data(
         )
     x_train = images_to_tensor(prepared.x_train, device, image_size, channels)
     x_test = images_to_tensor(prepared.x_test, device, image_size, channels)
-    mean = x_train.mean(dim=(0, 2, 3), keepdim=True)
-    std = x_train.std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
+    if normalize is None:
+        mean = x_train.mean(dim=(0, 2, 3), keepdim=True)
+        std = x_train.std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
+    else:
+        mean, std = (_per_channel(normalize, key, x_train.shape[1], device) for key in ("mean", "std"))
     return DeviceData(
         x_train=x_train.sub_(mean).div_(std),
         y_train=torch.as_tensor(prepared.y_train, dtype=torch.long, device=device),
@@ -110,6 +114,15 @@ def to_device_data(
         y_test=torch.as_tensor(prepared.y_test, dtype=torch.long, device=device),
         num_classes=int(prepared.meta["num_classes"]),
     )
+
+
+def _per_channel(normalize: dict[str, list[float]], key: str, channels: int, device: torch.device) -> torch.Tensor:
+    """normalize[key] as a [1, C, 1, 1] tensor: one value per channel, or one broadcast to all."""
+    values = list(normalize[key])
+    if len(values) not in (1, channels):
+        raise ValueError(f"setting key normalize.{key} has {len(values)} values for images of {channels} "
+                         f"channel(s): give one, or one per channel")
+    return torch.tensor(values, device=device).expand(channels).reshape(1, channels, 1, 1)
 
 
 @contextmanager
