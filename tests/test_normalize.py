@@ -7,10 +7,10 @@ import copy
 
 import pytest
 import torch
+from test_data_memory import CPU, image_set
 
 from fedrepro.config import ConfigError, load_yaml, resolve_config, run_spec, spec_digest
 from fedrepro.sim.tensors import to_device_data
-from test_data_memory import CPU, image_set
 
 
 def test_default_standardises_each_channel_with_the_training_split() -> None:
