@@ -148,6 +148,14 @@ def resolve_config(config: dict, source: str = "config", root: Path = REPO) -> d
     config = copy.deepcopy(config)
     validate(config, "config", source)
     check_results_root(config, source)
+    if only := config["studies_only"]:
+        for name in only:
+            if name not in config["studies"]:
+                raise ConfigError(f"{source}: studies_only: unknown study {name!r}"
+                                  f"{did_you_mean(name, config['studies'])}; known: {sorted(config['studies'])}")
+        config["studies"] = {name: entry for name, entry in config["studies"].items() if name in only}
+        if config["showcase"] and config["showcase"]["study"] not in only:
+            config["showcase"] = None  # the README's showcase is the default's, not a study run on its own
     studies = {}
     for name, entry in config["studies"].items():
         if problem := name_problem("studies", name):
@@ -321,6 +329,10 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
                      f"{did_you_mean(key, allowed)}; it accepts {sorted(allowed)}")
         for key, problem in hyperparameter_problems(methods[method["algorithm"]], method["hparams"]).items():
             fail(f"methods.{m}.hparams.{key}", problem)
+        try:  # what a method checks in its __init__ (values that depend on each other) stops the run here too
+            methods[method["algorithm"]](**method["hparams"])
+        except (ValueError, TypeError) as exc:
+            fail(f"methods.{m}.hparams", f"{method['algorithm']} refuses {method['hparams']}: {exc}")
     trainings = {"defaults": study["defaults"],
                  **{f"settings.{s}.training": v.get("training", {}) for s, v in study["settings"].items()},
                  **{f"methods.{m}.training": v.get("training", {}) for m, v in study["methods"].items()}}
