@@ -10,7 +10,7 @@ import pandas as pd
 import yaml
 from conftest import REPO
 
-from fedrepro.config import resolve_config
+from fedrepro.config import merge_configfiles, resolve_config
 from fedrepro.report.coverage import Coverage, config_coverage, shown_keys, study_coverage
 from fedrepro.report.scorecard import build_scorecard
 
@@ -68,3 +68,25 @@ def test_the_scorecard_prints_the_counts_per_study_and_overall(tmp_path):
     assert "Published cells shown, all studies (paper scale): 4 / 15." in md
     assert "## s1\n\nPublished cells shown: 1 / 10." in md and "## s2\n\nPublished cells shown: 3 / 5." in md
     assert "Published cells shown: 3 / 5." in (tmp_path / "sc.html").read_text()
+
+
+def test_a_study_of_ones_own_counts_no_published_cells_and_heads_its_claims_as_its_own(tmp_path):
+    own = resolve_config(merge_configfiles(REPO / "config" / "config.yaml", REPO / "config" / "examples" /
+                                           "own-study.yaml"))
+    assert config_coverage(own) == {}  # paper: null
+    named = copy.deepcopy(own["studies"]["own"])
+    named["paper"] = "feddisco"  # names a paper but mirrors none of its tables
+    assert config_coverage({"studies": {"own": named}}) == {}
+    spec = {"name": "t", "caption": "t", "paper_table": None, "metric": "final_acc",
+            "claims": [{"better": "b", "than": "a"}],
+            "rows": [{"method": "a", "label": "A"}, {"method": "b", "label": "B"}],
+            "columns": [{"setting": "x", "label": "X"}]}
+    cells = tmp_path / "t.csv"
+    pd.DataFrame([{"row": r, "column": "X", "n_seeds": 3, "ours_mean": m, "ours_std": 0.5,
+                   "paper_mean": float("nan"), "paper_std": float("nan"), "diff": float("nan"), "status": "ok",
+                   "method": r.lower(), "setting": "x", "n_diverged": 0}
+                  for r, m in (("A", 50.0), ("B", 60.0))]).to_csv(cells, index=False)
+    build_scorecard([("own", spec, cells)], "embedded", tmp_path / "sc.md", tmp_path / "sc.html", {})
+    md = (tmp_path / "sc.md").read_text()
+    assert "Published cells shown" not in md
+    assert "Ranking claims of this study (its own, no paper's): 1 of 1 hold" in md

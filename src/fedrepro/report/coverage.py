@@ -55,9 +55,15 @@ def study_coverage(study: dict, paper_dir: Path = REPO / "config" / "paper") -> 
     return Coverage(len(published & shown_keys(study)), len(published))
 
 
+def mirrors_a_paper(study: dict) -> bool:
+    """Whether the study names a paper and mirrors at least one of its tables (a table with `paper_table`)."""
+    return bool(study.get("paper")) and any(t.get("paper_table") for t in study["tables"].values())
+
+
 def config_coverage(config: dict) -> dict[str, Coverage]:
-    """Every study of a resolved config -> its coverage."""
-    return {name: study_coverage(study) for name, study in config["studies"].items()}
+    """Every study of a resolved config that mirrors a paper table -> its coverage (a study of one's own, which
+    mirrors none, has no published cells to count)."""
+    return {name: study_coverage(study) for name, study in config["studies"].items() if mirrors_a_paper(study)}
 
 
 def total(coverage: dict[str, Coverage]) -> Coverage:

@@ -491,7 +491,8 @@ def study_markdown(study: str, scores: list[TableScore], scale: str, heading: st
     if claims:
         held = sum(c.holds is True for s in scores for c in s.claims)
         failed = sum(c.holds is False for s in scores for c in s.claims)
-        lines += ["", f"Ranking claims of the paper: {held} of {len(claims)} hold in our numbers, {failed} fail, "
+        whose = "the paper" if any(s.paper_table for s in scores) else "this study (its own, no paper's)"
+        lines += ["", f"Ranking claims of {whose}: {held} of {len(claims)} hold in our numbers, {failed} fail, "
                   f"{len(claims) - held - failed} within noise or without numbers.", ""]
         lines += _md_table(["table", "claim", "in the published numbers", "in ours"], claims)
     if convergence is not None:
