@@ -15,7 +15,7 @@ import torch
 from fedrepro import pipeline, train
 from fedrepro.report.collect import RunDataError, collect_finetune, collect_runs
 from fedrepro.report.integrity import AggregateError
-from fedrepro.sim.sync import RunResult
+from fedrepro.sim.runs import RunResult
 
 SEEDS = [0, 1]
 METHODS = ["fedavg", "fedprox"]

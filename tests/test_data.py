@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 import scipy.io
+from conftest import REPO
 
 from fedrepro.data import download, embedded, vision
 from fedrepro.data.download import ChecksumError, DownloadError, fetch
@@ -288,6 +289,24 @@ def test_registry_prepares_embedded_and_rejects_unknown(tmp_path: Path) -> None:
         prepare_dataset("mnist", tmp_path / "x.npz")
     assert download_dataset("digits_m", tmp_path / "raw") == [] and raw_files("digits") == []
     assert raw_files("svhn") == ["train_32x32.mat", "test_32x32.mat"]
+
+
+@pytest.mark.parametrize("name", ["digits", "digits_m"])
+def test_a_data_sets_declared_size_is_what_its_preparation_gives(tmp_path: Path, name: str) -> None:
+    prepare_dataset(name, tmp_path / f"{name}.npz")
+    p, size = load_prepared(tmp_path / f"{name}.npz"), DATASETS[name].size
+    assert (len(p.y_train), p.x_train.shape[1:], p.num_classes) == (size.train, size.shape, size.classes)
+    assert size.test in (None, len(p.y_test))
+
+
+def test_every_data_set_a_shipped_config_trains_on_declares_its_size() -> None:
+    from fedrepro.config import merge_configfiles, resolve_config
+
+    for extra in ("paper.yaml", "laptop-full.yaml"):
+        config = resolve_config(merge_configfiles(REPO / "config" / "config.yaml", REPO / "config" / extra))
+        for study in config["studies"].values():
+            for setting in study["settings"].values():
+                assert DATASETS[setting["dataset"]].size is not None, (extra, setting["dataset"])
 
 
 # ---------------------------------------------------------------- downloads and parsers

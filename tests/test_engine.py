@@ -176,12 +176,12 @@ def test_divergence_stops_the_run_and_says_when(small_data):
 
 
 def test_a_finite_but_exploding_loss_counts_as_divergence(small_data, monkeypatch):
-    from fedrepro.sim import sync
+    from fedrepro.sim import runs
 
     parts = dirichlet_clients(small_data.y_train.numpy())
     healthy = make_run(small_data, parts, cfg=dataclasses.replace(CFG, rounds=2)).run()
     assert healthy.status == "complete"
-    monkeypatch.setattr(sync, "DIVERGED_LOSS", 1e-3)  # every real loss is above this
+    monkeypatch.setattr(runs, "DIVERGED_LOSS", 1e-3)  # every real loss is above this
     flagged = make_run(small_data, parts, cfg=dataclasses.replace(CFG, rounds=2)).run()
     assert flagged.status == "diverged" and flagged.diverged_round == 1
 

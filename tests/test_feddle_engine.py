@@ -14,7 +14,8 @@ from conftest import digits_cut
 from fedrepro.asyncfl.engine import AsyncConfig, AsyncRun, draw_delay
 from fedrepro.asyncfl.methods import build_method
 from fedrepro.models import build_model
-from fedrepro.sim.sync import _STOP, Preempted, TrainingConfig, request_stop
+from fedrepro.sim.runs import STOP, Preempted, request_stop
+from fedrepro.sim.sync import TrainingConfig
 from fedrepro.sim.tensors import evaluate
 
 torch.set_num_threads(1)
@@ -50,7 +51,7 @@ def preempt_at_round_3(build, ckpt) -> None:
         with pytest.raises(Preempted):
             build(stop_at_round_3).run(ckpt, "fp")
     finally:
-        _STOP.clear()
+        STOP.clear()
 
 
 def comparable(result) -> list[dict]:

@@ -215,6 +215,16 @@ def test_divergence_stops_the_run_and_says_when(small_data):
     assert result.history[-1]["round"] == result.diverged_round <= 6
 
 
+def test_a_finite_but_exploding_loss_counts_as_divergence_as_in_the_other_engines(small_data, monkeypatch):
+    from fedrepro.sim import runs
+
+    parts = dirichlet_clients(small_data.y_train.numpy())
+    assert make_run(small_data, parts).run().status == "complete"
+    monkeypatch.setattr(runs, "DIVERGED_LOSS", 1e-3)  # every real loss is above this
+    flagged = make_run(small_data, parts).run()
+    assert flagged.status == "diverged" and flagged.diverged_round == 1
+
+
 def test_pooled_data_holds_train_and_test_samples(small_data):
     pool = pooled(small_data)
     assert len(pool.y_train) == len(small_data.y_train) + len(small_data.y_test) and len(pool.y_test) == 0

@@ -15,7 +15,7 @@ import fedrepro.train as train
 from fedrepro.report.collect import collect_runs
 from fedrepro.report.integrity import write_checked_csv
 from fedrepro.report.scorecard import build_scorecard
-from fedrepro.sim.sync import RunResult
+from fedrepro.sim.runs import RunResult
 
 SPEC = {"study": "s", "setting": "iid", "method": "fedavg", "training": {"rounds": 1, "last_k": 1}}
 ROW = {"round": 1, "test_acc": 50.0, "test_loss": 1.0, "train_loss": 1.0, "bytes_up": 1, "bytes_down": 1,

@@ -24,7 +24,8 @@ from fedrepro.models import build_model
 from fedrepro.partition import load_partition, longtail_test_indices, stratified_subset
 from fedrepro.seeding import INIT, derive_seed
 from fedrepro.sim.checkpoint import Fingerprint, SeedFiles, finished_marker, mark_finished
-from fedrepro.sim.sync import FederatedRun, RunResult, TrainingConfig, request_stop
+from fedrepro.sim.runs import RunResult, request_stop
+from fedrepro.sim.sync import FederatedRun, TrainingConfig
 from fedrepro.sim.tensors import DeviceData, to_device_data
 
 METRIC_COLUMNS = ("round", "test_acc", "test_loss", "train_loss", "bytes_up", "bytes_down", "seconds",

@@ -42,7 +42,7 @@ from torch import Tensor
 
 from fedrepro import seeding
 from fedrepro.asyncfl.server_train import train_vector
-from fedrepro.sim.sync import _to_device
+from fedrepro.sim.runs import to_device
 
 if TYPE_CHECKING:  # the engine imports this module, so only for annotations
     from fedrepro.asyncfl.engine import AsyncRun
@@ -92,7 +92,7 @@ class AsyncMethod:
     def load_state(self, state: dict[str, Any], device: torch.device | str) -> None:
         """Restore ``state`` (a checkpoint's, on the CPU) onto ``device``, the ``host_state`` entries in host
         memory, where torch.load put them: they are used as loaded, without a copy."""
-        self.state = {k: _to_device(v, HOST if k in self.host_state else device) for k, v in state.items()}
+        self.state = {k: to_device(v, HOST if k in self.host_state else device) for k, v in state.items()}
 
     # ----- server
     def round_begin(self, w: Tensor, rnd: int) -> None:

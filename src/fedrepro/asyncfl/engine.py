@@ -46,14 +46,8 @@ from fedrepro import seeding
 from fedrepro.algorithms.base import Algorithm
 from fedrepro.asyncfl.base import AsyncMethod, ServerData, Update
 from fedrepro.sim.checkpoint import CheckpointError, close_round, load_checkpoint, resume_progress
-from fedrepro.sim.sync import (
-    DIVERGED_LOSS,
-    FederatedRun,
-    RunResult,
-    TrainingConfig,
-    _to_device,
-    client_accuracy,
-)
+from fedrepro.sim.runs import RunResult, diverged_loss, to_device
+from fedrepro.sim.sync import FederatedRun, TrainingConfig, client_accuracy
 from fedrepro.sim.tensors import DeviceData, evaluate
 
 # purposes beyond fedrepro.seeding's (1..6) and the heterogeneous engine's (101..105)
@@ -232,8 +226,8 @@ class AsyncRun:
                  measured: int) -> dict:
         """What a checkpoint after round ``rnd`` holds. The method's ``host_state`` (CA2FL's cache) is on the
         CPU already: saved as it is, not copied (at paper scale a copy would double tens of GB of host memory)."""
-        return dict(round=rnd, async_format=ASYNC_FORMAT, w=w.cpu(), state=_to_device(self.method.state, "cpu"),
-                    global_buffers=_to_device(self.global_buffers, "cpu"),
+        return dict(round=rnd, async_format=ASYNC_FORMAT, w=w.cpu(), state=to_device(self.method.state, "cpu"),
+                    global_buffers=to_device(self.global_buffers, "cpu"),
                     inflight=[dataclasses.astuple(f) for f in inflight],
                     snapshots={r: v.cpu() for r, v in snapshots.items()},
                     buffer_snapshots={r: v.cpu() for r, v in buffer_snapshots.items()}, history=result.history,
@@ -267,7 +261,7 @@ class AsyncRun:
             dev = w.device
             w = resumed["w"].to(dev)
             method.load_state(resumed["state"], dev)
-            self.global_buffers = _to_device(resumed["global_buffers"], dev)
+            self.global_buffers = to_device(resumed["global_buffers"], dev)
             inflight = [InFlight(*entry) for entry in resumed["inflight"]]
             snapshots = {int(r): v.to(dev) for r, v in resumed["snapshots"].items()}
             buffer_snapshots = {int(r): v.to(dev) for r, v in resumed["buffer_snapshots"].items()}
@@ -320,8 +314,7 @@ class AsyncRun:
             w = self.server_call(method.round_end, w, rnd).detach()
             train_loss = loss_sum.item() / seen if seen else float("nan")
             seconds += time.perf_counter() - t0
-            diverged = ((seen > 0 and (not math.isfinite(train_loss) or train_loss > DIVERGED_LOSS))
-                        or not bool(torch.isfinite(w).all()))
+            diverged = diverged_loss(train_loss if seen else None) or not bool(torch.isfinite(w).all())
             if true is not None:
                 self.true_updates[rnd] = true.cpu()
             if diverged or evaluating:

@@ -13,7 +13,8 @@ from fedrepro.asyncfl.methods import build_method
 from fedrepro.data.format import load_prepared
 from fedrepro.io import atomic_write_npz
 from fedrepro.models import build_model
-from fedrepro.sim.sync import RunResult, TrainingConfig
+from fedrepro.sim.runs import RunResult
+from fedrepro.sim.sync import TrainingConfig
 from fedrepro.sim.tensors import DeviceData, to_device_data
 from fedrepro.train import run_seeds
 

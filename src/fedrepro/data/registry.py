@@ -26,6 +26,23 @@ from fedrepro.data.format import save_prepared
 
 
 @dataclass(frozen=True)
+class Size:
+    """A data set's sizes as prepared, known without downloading it: the config check (fedrepro.config), the
+    cost estimate (fedrepro.cost) and the preflight's synthetic data (fedrepro.preflight) read them.
+
+    `train` training samples (an estimate when `estimated`), `shape` one input's shape (H, W, C; text: (tokens,)),
+    `classes` the labels trained on; `test` the test split's size where partitions may pool it (`pool_test`);
+    `partition_classes` the labels partitions are drawn over when they are not the trained ones."""
+
+    train: int
+    shape: tuple[int, ...]
+    classes: int
+    test: int | None = None
+    estimated: bool = False
+    partition_classes: int | None = None
+
+
+@dataclass(frozen=True)
 class DatasetSpec:
     """One data set: `download(raw_dir, mirror=None, checksums=None)` and `prepare(raw_dir)`.
 
@@ -33,6 +50,7 @@ class DatasetSpec:
     `built_from` names prepared data sets this one is made of (DomainNet's leave-one-out sources): its
     `prepare` then takes their .npz paths, which live beside its own output. `local_copies`: its
     download also takes `local_dirs`, directories searched for the raw files before the network.
+    `size`: its sizes as prepared (None for a data set no study trains on, e.g. a server's stand-in set).
     """
 
     name: str
@@ -43,6 +61,7 @@ class DatasetSpec:
     files: tuple[str, ...] = ()
     built_from: tuple[str, ...] = ()
     local_copies: bool = False
+    size: Size | None = None
 
 
 def _manual(name: str) -> str:
@@ -60,94 +79,93 @@ def _manual(name: str) -> str:
     return "\n".join(lines)
 
 
-def _vision(name: str, prepare: Callable[[Path], tuple[Any, ...]]) -> DatasetSpec:
-    return DatasetSpec(name, True, partial(vision.download, name), prepare, _manual(name), local_copies=True)
+def _vision(name: str, prepare: Callable[[Path], tuple[Any, ...]], size: Size) -> DatasetSpec:
+    return DatasetSpec(name, True, partial(vision.download, name), prepare, _manual(name), local_copies=True,
+                       size=size)
+
+
+# DomainNet (FedGTST): train sizes of the official splits, images prepared at 64x64 (data/domainnet.py)
+_DOMAINNET_TRAIN = {"clipart": 33525, "infograph": 36023, "painting": 50426, "quickdraw": 120750,
+                    "real": 120906, "sketch": 48212}
 
 
 DATASETS: dict[str, DatasetSpec] = {
-    "digits": DatasetSpec("digits", False, None, embedded.digits, None),
-    "digits_m": DatasetSpec("digits_m", False, None, embedded.digits_m, None),
+    "digits": DatasetSpec("digits", False, None, embedded.digits, None, size=Size(1347, (28, 28, 1), 10, test=360)),
+    "digits_m": DatasetSpec("digits_m", False, None, embedded.digits_m, None, size=Size(1347, (28, 28, 3), 10)),
     # Feddle's out-of-domain server data at laptop scale (other images, other labels)
     "photo_patches": DatasetSpec("photo_patches", False, None, embedded.photo_patches, None),
     # Feddle's out-of-domain server data at paper scale; downloaded by hand (ImageNet's licence)
+    # (250 images of each ImageNet class, data/imagenet_subset.py)
     "imagenet_subset": DatasetSpec("imagenet_subset", True, imagenet_subset.check, imagenet_subset.prepare,
-                                   imagenet_subset.manual_instructions(), imagenet_subset.FILES),
-    "mnist": _vision("mnist", vision.prepare_mnist),
-    "fashion_mnist": _vision("fashion_mnist", vision.prepare_fashion_mnist),
-    "cifar10": _vision("cifar10", vision.prepare_cifar10),
-    "cifar100": _vision("cifar100", vision.prepare_cifar100),
-    "svhn": _vision("svhn", vision.prepare_svhn),
+                                   imagenet_subset.manual_instructions(), imagenet_subset.FILES,
+                                   size=Size(250000, (32, 32, 3), 1000)),
+    "mnist": _vision("mnist", vision.prepare_mnist, Size(60000, (28, 28, 1), 10)),
+    "fashion_mnist": _vision("fashion_mnist", vision.prepare_fashion_mnist, Size(60000, (28, 28, 1), 10)),
+    "cifar10": _vision("cifar10", vision.prepare_cifar10, Size(50000, (32, 32, 3), 10, test=10000)),
+    "cifar100": _vision("cifar100", vision.prepare_cifar100, Size(50000, (32, 32, 3), 100, test=10000)),
+    "svhn": _vision("svhn", vision.prepare_svhn, Size(73257, (32, 32, 3), 10)),
     "cinic10": DatasetSpec("cinic10", True, partial(feddisco_sets.download, "cinic10"),
                            feddisco_sets.prepare_cinic10, feddisco_sets.manual_instructions("cinic10"),
-                           tuple(feddisco_sets.REMOTES["cinic10"].files)),
+                           tuple(feddisco_sets.REMOTES["cinic10"].files), size=Size(90000, (32, 32, 3), 10)),
     # Downloaded by hand: its "download" step only checks that the files are in place.
     "ham10000": DatasetSpec("ham10000", True, feddisco_sets.check_ham10000, feddisco_sets.prepare_ham10000,
-                            feddisco_sets.manual_instructions("ham10000"), feddisco_sets.HAM_FILES),
+                            feddisco_sets.manual_instructions("ham10000"), feddisco_sets.HAM_FILES,
+                            size=Size(9805, (56, 56, 3), 7)),
     "ag_news": DatasetSpec("ag_news", True, partial(feddisco_sets.download, "ag_news"),
                            feddisco_sets.prepare_ag_news, feddisco_sets.manual_instructions("ag_news"),
-                           tuple(feddisco_sets.REMOTES["ag_news"].files)),
+                           tuple(feddisco_sets.REMOTES["ag_news"].files), size=Size(120000, (64,), 4)),
     # FedGTST: MNIST-M built from MNIST and BSDS500; DomainNet's six domains and their leave-one-outs
     "mnist_m": DatasetSpec("mnist_m", True, mnist_m.download, mnist_m.prepare_mnist_m,
-                           mnist_m.manual_instructions(), mnist_m.FILES),
+                           mnist_m.manual_instructions(), mnist_m.FILES, size=Size(60000, (28, 28, 3), 10)),
     **{f"domainnet_{d}": DatasetSpec(f"domainnet_{d}", True, partial(domainnet.download, d),
                                      partial(domainnet.prepare_domain, d), domainnet.manual_instructions(d),
-                                     tuple(domainnet.files(d)))
+                                     tuple(domainnet.files(d)), size=Size(_DOMAINNET_TRAIN[d], (64, 64, 3), 345))
        for d in domainnet.DOMAINS},
     **{f"domainnet_no_{d}": DatasetSpec(f"domainnet_no_{d}", False, None,
                                         partial(domainnet.prepare_leave_one_out, d), None,
-                                        built_from=tuple(f"domainnet_{s}" for s in domainnet.DOMAINS if s != d))
+                                        built_from=tuple(f"domainnet_{s}" for s in domainnet.DOMAINS if s != d),
+                                        size=Size(sum(_DOMAINNET_TRAIN.values()) - _DOMAINNET_TRAIN[d],
+                                                  (64, 64, 3), 345))
        for d in domainnet.DOMAINS},
     # FedL2G: Oxford Flowers102 and Tiny-ImageNet, prepared at fedl2g_sets.SIDE (32x32)
     **{name: DatasetSpec(name, True, partial(fedl2g_sets.download, name), prepare,
-                         fedl2g_sets.manual_instructions(name), tuple(fedl2g_sets.REMOTES[name].files))
-       for name, prepare in (("flowers102", fedl2g_sets.prepare_flowers102),
-                             ("tiny_imagenet", fedl2g_sets.prepare_tiny_imagenet))},
+                         fedl2g_sets.manual_instructions(name), tuple(fedl2g_sets.REMOTES[name].files), size=size)
+       for name, prepare, size in (
+           ("flowers102", fedl2g_sets.prepare_flowers102, Size(2040, (32, 32, 3), 102, test=6149)),
+           ("tiny_imagenet", fedl2g_sets.prepare_tiny_imagenet, Size(100000, (32, 32, 3), 200, test=10000)))},
     # Feddle: CIFAR-100's 20 superclasses partitioned over its 100 fine labels (same archive as cifar100);
     # LEAF's FEMNIST (first 40 classes) and CelebA (Smiling), 1000 writers / people with per-sample ids for
     # the partition kind `writer`; CelebA is downloaded by hand (its licence)
     "cifar100_coarse": DatasetSpec("cifar100_coarse", True, partial(vision.download, "cifar100"),
                                    feddle_sets.prepare_cifar100_coarse,
                                    feddle_sets.manual_instructions("cifar100_coarse"),
-                                   (feddle_sets.CIFAR100_FILE,)),
+                                   (feddle_sets.CIFAR100_FILE,),
+                                   size=Size(50000, (32, 32, 3), 20, partition_classes=100)),
     "femnist": DatasetSpec("femnist", True, feddle_sets.download_femnist, feddle_sets.prepare_femnist,
-                           feddle_sets.manual_instructions("femnist"), feddle_sets.FEMNIST_FILES),
+                           feddle_sets.manual_instructions("femnist"), feddle_sets.FEMNIST_FILES,
+                           size=Size(150000, (28, 28, 1), 40, estimated=True)),
     "celeba_smiling": DatasetSpec("celeba_smiling", True, feddle_sets.check_celeba,
                                   feddle_sets.prepare_celeba_smiling,
-                                  feddle_sets.manual_instructions("celeba_smiling"), feddle_sets.CELEBA_FILES),
+                                  feddle_sets.manual_instructions("celeba_smiling"), feddle_sets.CELEBA_FILES,
+                                  size=Size(19000, (32, 32, 3), 2, estimated=True)),
 }
 
 
-# (training samples, input shape, classes) of each data set as prepared, so a config check (fedrepro.config) or a
-# cost estimate (fedrepro.cost) needs no download
+# The sizes as the rest of the project reads them, derived from the entries above (their `size`). FEMNIST and
+# CelebA (Feddle) keep 1000 writers / people with 90% of each one's samples for training (data/feddle_sets.py), so
+# their sizes are estimates: ~165 samples of the first 40 classes per NIST writer, ~21 images per CelebA person
+# with >= 5.
+# (training samples, input shape, classes) of each data set as prepared
 SHAPES: dict[str, tuple[int, tuple[int, ...], int]] = {
-    "digits": (1347, (28, 28, 1), 10), "digits_m": (1347, (28, 28, 3), 10),
-    "mnist": (60000, (28, 28, 1), 10), "fashion_mnist": (60000, (28, 28, 1), 10),
-    "cifar10": (50000, (32, 32, 3), 10), "cifar100": (50000, (32, 32, 3), 100),
-    "svhn": (73257, (32, 32, 3), 10), "cinic10": (90000, (32, 32, 3), 10),
-    "ham10000": (9805, (56, 56, 3), 7), "ag_news": (120000, (64,), 4),
-    "mnist_m": (60000, (28, 28, 3), 10),
-    "flowers102": (2040, (32, 32, 3), 102), "tiny_imagenet": (100000, (32, 32, 3), 200),
-    # Feddle: CIFAR-100 under its 20 superclasses; FEMNIST and CelebA keep 1000 writers / people with 90% of
-    # each one's samples for training (data/feddle_sets.py), so their sizes are estimates: ~165 samples of
-    # the first 40 classes per NIST writer, ~21 images per CelebA person with >= 5 (ESTIMATED_SIZES)
-    "cifar100_coarse": (50000, (32, 32, 3), 20),
-    "femnist": (150000, (28, 28, 1), 40), "celeba_smiling": (19000, (32, 32, 3), 2),
-    # Feddle's out-of-domain server set (250 images of each ImageNet class, data/imagenet_subset.py)
-    "imagenet_subset": (250000, (32, 32, 3), 1000),
-}
+    name: (spec.size.train, spec.size.shape, spec.size.classes) for name, spec in DATASETS.items() if spec.size}
 # test-split sizes, for partitions that pool train and test (`pool_test`, FedL2G)
-TEST_SIZES: dict[str, int] = {"digits": 360, "cifar10": 10000, "cifar100": 10000, "flowers102": 6149,
-                              "tiny_imagenet": 10000}
-# DomainNet (FedGTST): train sizes of the official splits, images prepared at 64x64 (data/domainnet.py)
-_DOMAINNET_TRAIN = {"clipart": 33525, "infograph": 36023, "painting": 50426, "quickdraw": 120750,
-                    "real": 120906, "sketch": 48212}
-SHAPES.update({f"domainnet_{d}": (n, (64, 64, 3), 345) for d, n in _DOMAINNET_TRAIN.items()})
-SHAPES.update({f"domainnet_no_{d}": (sum(_DOMAINNET_TRAIN.values()) - n, (64, 64, 3), 345)
-               for d, n in _DOMAINNET_TRAIN.items()})
-ESTIMATED_SIZES = frozenset({"femnist", "celeba_smiling"})  # training sizes above that are estimates, not counts
+TEST_SIZES: dict[str, int] = {name: spec.size.test for name, spec in DATASETS.items() if spec.size and spec.size.test}
+# training sizes that are estimates, not counts
+ESTIMATED_SIZES = frozenset(name for name, spec in DATASETS.items() if spec.size and spec.size.estimated)
 # data sets whose partitions are drawn over other labels than the classes they train (partition_labels_train):
 # the number of those labels
-PARTITION_CLASSES = {"cifar100_coarse": 100}
+PARTITION_CLASSES = {name: spec.size.partition_classes for name, spec in DATASETS.items()
+                     if spec.size and spec.size.partition_classes}
 
 
 def get_spec(name: str) -> DatasetSpec:

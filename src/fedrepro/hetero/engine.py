@@ -43,7 +43,7 @@ from fedrepro.models.groups import build_arch, group_members
 from fedrepro.sim.batches import epoch_batches
 from fedrepro.sim.checkpoint import CheckpointError, close_round, load_checkpoint, resume_progress
 from fedrepro.sim.flat import FlatModel
-from fedrepro.sim.sync import RunResult
+from fedrepro.sim.runs import RunResult, diverged_loss, to_device
 from fedrepro.sim.tensors import DeviceData
 
 # purposes beyond fedrepro.seeding's (INIT, SAMPLING, BATCHES, DELAYS, SERVER, STRAGGLERS = 1..6)
@@ -104,17 +104,6 @@ def pooled(data: DeviceData) -> DeviceData:
         x_test=data.x_test[:0], y_test=data.y_test[:0], num_classes=data.num_classes,
         model_kwargs=dict(data.model_kwargs),
     )
-
-
-def _move(obj: Any, device: torch.device | str) -> Any:
-    """A state tree (tensors in dicts, lists, tuples) on ``device``."""
-    if isinstance(obj, Tensor):
-        return obj.to(device)
-    if isinstance(obj, dict):
-        return {k: _move(v, device) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return type(obj)(_move(v, device) for v in obj)
-    return obj
 
 
 def clip_grad_(g: Tensor, max_norm: float) -> None:
@@ -320,9 +309,9 @@ class HeteroRun:
                  seconds: float) -> dict:
         """What a checkpoint after round ``rnd`` holds: every client's state, the method's, the history."""
         return dict(engine=ENGINE, round=rnd,
-                    clients={cid: {"w": self.client_w[cid].cpu(), "buffers": _move(self.client_buffers[cid], "cpu")}
+                    clients={cid: {"w": self.client_w[cid].cpu(), "buffers": to_device(self.client_buffers[cid], "cpu")}
                              for cid in range(self.num_clients)},
-                    state=_move(self.method.state, "cpu"), history=result.history, status=result.status,
+                    state=to_device(self.method.state, "cpu"), history=result.history, status=result.status,
                     diverged_round=result.diverged_round, bytes_up=bytes_up, bytes_down=bytes_down,
                     seconds=seconds, window=window.__dict__)
 
@@ -339,7 +328,7 @@ class HeteroRun:
                 self.client_w[cid].copy_(st["w"])
                 for name, buf in st["buffers"].items():
                     self.client_buffers[cid][name].copy_(buf)
-            method.state = _move(resumed["state"], self.device)
+            method.state = to_device(resumed["state"], self.device)
             start_round, bytes_up, bytes_down, seconds = resume_progress(resumed, result)
             window = _Window(**resumed["window"])
             self.log(f"resumed from {checkpoint} after round {resumed['round']}")
@@ -393,7 +382,7 @@ class HeteroRun:
             # None (an empty CSV cell) when no client trained: FedL2G's warm-up rounds
             train_loss = loss_sum.item() / seen if seen else None
             train_ce = ce_sum.item() / seen if seen else None
-            diverged = (train_loss is not None and not math.isfinite(train_loss)) or bad_client or method.diverged()
+            diverged = diverged_loss(train_loss) or bad_client or method.diverged()
             if diverged or rnd % cfg.eval_every == 0 or rnd == cfg.rounds:
                 ev = self.evaluate()
                 result.per_class_acc, result.per_client_acc = ev["per_class_acc"], ev["per_client_acc"]

@@ -25,6 +25,7 @@ from fedrepro.io import (
     read_json,
     verify_checksum,
 )
+from fedrepro.sim.runs import STOP, Preempted
 
 FORMAT = 2  # 2: evaluation rows carry client accuracy mean and variance
 RESTART = "delete it to start this run from scratch"
@@ -141,13 +142,12 @@ def close_round(rnd: int, rounds: int, diverged: bool, why: str, result: Any, ch
     end, on divergence, when the engine says the run is ``finished`` early and on a stop signal; ``payload()``
     builds what to save, only then), and stop: True to leave the loop after a divergence or an early finish; a
     stop signal (SIGTERM, preemption) raises Preempted once it is saved."""
-    from fedrepro.sim.sync import _STOP, Preempted  # sync imports this module
 
     if diverged:
         result.status, result.diverged_round = "diverged", rnd
         log(f"diverged at round {rnd}: {why}")
     done = diverged or finished or rnd == rounds
-    stop = _STOP.is_set() and not done
+    stop = STOP.is_set() and not done
     if checkpoint and (done or stop or rnd % every == 0):
         save_checkpoint(checkpoint, fingerprint, payload())
     if stop:

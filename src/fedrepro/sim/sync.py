@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import math
-import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -21,25 +20,10 @@ from fedrepro.sim.batches import epoch_batches
 from fedrepro.sim.checkpoint import close_round, load_checkpoint, module_buffers, restore_buffers, resume_progress
 from fedrepro.sim.engine_choice import SIDE_BY_SIDE, EngineChoice, initial_choice, measure
 from fedrepro.sim.flat import FlatModel
+from fedrepro.sim.runs import RunResult, diverged_loss, to_device
 from fedrepro.sim.tensors import DeviceData, evaluate
 from fedrepro.sim.vector_optim import VectorOptimizer
 from fedrepro.sim.vectorized import train_side_by_side
-
-
-class Preempted(RuntimeError):
-    """The run was asked to stop (SIGTERM: SLURM preemption, scancel, time limit) and checkpointed."""
-
-
-_STOP = threading.Event()
-# mean training loss above which a run counts as diverged: cross-entropy starts at ln(classes) < 10, and no
-# method's extra terms come near this in a healthy run
-DIVERGED_LOSS = 1e4
-
-
-def request_stop(*_: object) -> None:
-    """Ask every running simulation to checkpoint at the end of its current round and stop (a signal
-    handler: SIGTERM gives a job some seconds before SIGKILL, enough to finish a round and save)."""
-    _STOP.set()
 
 
 @dataclass
@@ -70,15 +54,6 @@ class TrainingConfig:
     def local_optimizer(self, rnd: int) -> VectorOptimizer:
         """A fresh optimiser for one local training in round ``rnd``."""
         return VectorOptimizer(self.optimizer, self.lr_at(rnd), self.momentum, self.weight_decay)
-
-
-@dataclass
-class RunResult:
-    history: list[dict] = field(default_factory=list)
-    status: str = "complete"
-    diverged_round: int | None = None
-    per_class_acc: list[float] | None = None  # of the final model, in percent
-    stopped_round: int | None = None  # the round early stopping ended the run at (TrainingConfig.early_stop)
 
 
 @dataclass
@@ -150,7 +125,7 @@ class FederatedRun:
     def snapshot(self, rnd: int, w: torch.Tensor, result: RunResult, bytes_up: int, bytes_down: int,
                  seconds: float) -> dict:
         """What a checkpoint after round ``rnd`` holds."""
-        return dict(round=rnd, w=w.cpu(), state=_to_device(self.alg.state, "cpu"), buffers=module_buffers(self.model),
+        return dict(round=rnd, w=w.cpu(), state=to_device(self.alg.state, "cpu"), buffers=module_buffers(self.model),
                     history=result.history, status=result.status, diverged_round=result.diverged_round,
                     stopped_round=result.stopped_round, bytes_up=bytes_up, bytes_down=bytes_down, seconds=seconds)
 
@@ -241,7 +216,7 @@ class FederatedRun:
         resumed = load_checkpoint(checkpoint, fingerprint, self.log) if checkpoint else None
         if resumed is not None:
             w = resumed["w"].to(w.device)
-            self.alg.state = _to_device(resumed["state"], w.device)
+            self.alg.state = to_device(resumed["state"], w.device)
             restore_buffers(self.model, resumed.get("buffers"))
             start_round, bytes_up, bytes_down, seconds = resume_progress(resumed, result)
             self.log(f"resumed from {checkpoint} after round {resumed['round']}")
@@ -281,10 +256,7 @@ class FederatedRun:
                 w = self.alg.server_end(w)
             train_loss = loss_sum.item() / max(seen, 1)
             seconds += time.perf_counter() - t0
-            # a finite but astronomical loss (SCAFFOLD blowing up to 1e11) is divergence too: no table
-            # should average it in as a result
-            diverged = (not math.isfinite(train_loss) or train_loss > DIVERGED_LOSS
-                        or not bool(torch.isfinite(w).all()))
+            diverged = diverged_loss(train_loss) or not bool(torch.isfinite(w).all())
             if diverged or rnd % cfg.eval_every == 0 or rnd == cfg.rounds:
                 self.flat.load(self.alg.evaluated_model(w))
                 acc, test_loss, result.per_class_acc = evaluate(
@@ -330,12 +302,3 @@ def client_accuracy(class_counts: np.ndarray, per_class_acc: list[float | None])
     return {"client_acc_mean": float(per_client.mean()), "client_acc_var": float(per_client.var())}
 
 
-def _to_device(obj, device):
-    """Move a state tree (tensors, dicts, lists) to ``device``."""
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, dict):
-        return {k: _to_device(v, device) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_to_device(v, device) for v in obj]
-    return obj
