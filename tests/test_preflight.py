@@ -116,3 +116,25 @@ def test_a_failing_group_is_a_row_with_its_error(monkeypatch):
     m = measure(group, "cpu", max_batch_flops=2e8, timeout=120, max_clients=4)
     assert not m["ok"] and "CUDA out of memory (simulated)" in m["error"]
     assert "**failed**: RuntimeError: CUDA out of memory (simulated)" in preflight.render([(group, m, [])], ["# t"])
+
+
+def test_every_data_set_the_paper_config_reads_has_its_files_named_and_pinned():
+    names, problems = preflight.data_set_problems(PAPER)
+    assert {"cifar10", "fashion_mnist", "imagenet_subset", "domainnet_real", "domainnet_no_real"} <= set(names)
+    assert problems == []
+    assert "every one in order" in preflight.data_set_section(names, problems)
+
+
+def test_an_unpinned_file_or_a_bad_address_is_named(monkeypatch):
+    import dataclasses
+
+    from fedrepro.data import registry
+
+    spec = registry.DATASETS["cinic10"]
+    stripped = "\n".join(line for line in spec.manual_instructions.splitlines() if spec.files[0] not in line)
+    monkeypatch.setitem(registry.DATASETS, "cinic10", dataclasses.replace(
+        spec, manual_instructions=stripped + "\nor from ftp://example.org/cinic.tar.gz"))
+    problems = registry.download_problems("cinic10")
+    assert problems == [f"cinic10: raw file {spec.files[0]} has no pinned md5 or sha256 beside it in its instructions",
+                        "cinic10: 'ftp://example.org/cinic.tar.gz' is no http(s) address"]
+    assert "2 problem(s):\n- cinic10: raw file" in preflight.data_set_section(["cinic10"], problems)

@@ -133,7 +133,8 @@ def data_shape(dataset: str) -> tuple[int, tuple[int, ...], int]:
     from fedrepro.cost import DATASETS
 
     if dataset not in DATASETS:
-        raise ValueError(f"preflight: no shape known for data set {dataset!r}; add it to fedrepro.data.registry.SHAPES")
+        raise ValueError(f"preflight: no shape known for data set {dataset!r}; declare its size in its "
+                         "fedrepro.data.registry.DATASETS entry")
     return DATASETS[dataset]
 
 
@@ -487,6 +488,24 @@ def suggest_resources(rows: list[tuple[Group, dict, list[dict]]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def data_set_problems(config: dict) -> tuple[list[str], list[str]]:
+    """(the data sets a config reads, what is wrong with their downloads as declared), checked without the
+    network: raw files named, each pinned by an md5 or sha256, http(s) addresses."""
+    from fedrepro.data.registry import data_sets_read, download_problems
+
+    names = sorted(set().union(*(data_sets_read(study) for study in config["studies"].values())))
+    return names, [p for name in names for p in download_problems(name)]
+
+
+def data_set_section(names: list[str], problems: list[str]) -> str:
+    """data_set_problems as a Markdown section of the preflight's report."""
+    lines = ["", f"Data sets read ({len(names)}): {', '.join(names)}.",
+             "Their downloads as declared (raw files named, each pinned by an md5 or sha256, http(s) addresses): "
+             + ("every one in order." if not problems else f"{len(problems)} problem(s):"),
+             *(f"- {p}" for p in problems)]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configfile", nargs="+", default=[str(REPO / "config" / "paper.yaml")])
@@ -573,11 +592,13 @@ def main(argv: list[str] | None = None) -> int:
               f"GB with `keep_checkpoints: true`, every seed's last checkpoint kept); the largest "
               f"checkpoint while running {peak_disk:,.0f} MB. Wall time {time.perf_counter() - t0:.0f} s.\n")
     table += suggest_resources(rows)
+    names, data_problems = data_set_problems(config)
+    table += data_set_section(names, data_problems)
     print(table)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(table)
-    return 1 if failed or over else 0
+    return 1 if failed or over or data_problems else 0
 
 
 if __name__ == "__main__":

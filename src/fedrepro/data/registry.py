@@ -6,11 +6,13 @@ that need them, and torch is never imported by fedrepro.data.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from fedrepro.data import (
     domainnet,
@@ -174,6 +176,50 @@ def get_spec(name: str) -> DatasetSpec:
         return DATASETS[name]
     except KeyError:
         raise ValueError(f"unknown data set {name!r}; known: {', '.join(sorted(DATASETS))}") from None
+
+
+_PIN = re.compile(r"\b(?:[0-9a-fA-F]{32}|[0-9a-fA-F]{64})\b")
+_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s)'\"]+")
+
+
+def download_problems(name: str) -> list[str]:
+    """What is wrong with data set ``name``'s download as declared, found without the network (the preflight
+    runs this for every data set a config reads): a downloadable data set must name its raw files, each on a line
+    of its instructions with a pinned md5 or sha256 (the value the download step and a user placing the file by
+    hand check against), and every address there must be an http(s) URL with a host. Empty when all is well."""
+    spec = get_spec(name)
+    if not spec.needs_download:
+        return []
+    files = raw_files(name)
+    if not files:
+        return [f"{name}: names no raw files"]
+    lines = (spec.manual_instructions or "").splitlines()
+    problems = [f"{name}: raw file {f} has no pinned md5 or sha256 beside it in its instructions"
+                for f in files if not any(_PIN.search(line) for line in lines if f in line)]
+    for url in _URL.findall(spec.manual_instructions or ""):
+        parts = urlparse(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            problems.append(f"{name}: {url!r} is no http(s) address")
+    return problems
+
+
+def data_sets_read(study: dict) -> set[str]:
+    """Every data set a resolved study reads: its settings' data sets, out-of-domain server sets and fine-tuning
+    targets, and what those are built from."""
+    names: set[str] = set()
+    for setting in study["settings"].values():
+        names.add(setting["dataset"])
+        if ood := {**study.get("async", {}), **setting.get("async", {})}.get("ood_dataset"):
+            names.add(ood)
+        if "target" in setting:
+            names.add(setting["target"]["dataset"])
+    pending = list(names)
+    while pending:
+        for source in get_spec(pending.pop()).built_from:
+            if source not in names:
+                names.add(source)
+                pending.append(source)
+    return names
 
 
 def raw_files(name: str) -> list[str]:
