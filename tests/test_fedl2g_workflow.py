@@ -22,7 +22,7 @@ def test_tiny_hetero_pipeline_runs_end_to_end(tmp_path):
                  "summary.csv", "runs.csv"]:
         assert (out / path).stat().st_size > 0, path
 
-    # pool_test: the clients share train + test of the prepared digits (1437 + 360), each re-splitting its own
+    # pool_test: the clients share train + test of the prepared digits (1347 + 450), each re-splitting its own
     stats = json.loads((out / "partitions/dir4/seed0.json").read_text())
     assert sum(stats["sizes"]) == 1797
     run = json.loads((out / "runs/dir4/fedl2g_f/seed1/summary.json").read_text())

@@ -92,7 +92,7 @@ _DOMAINNET_TRAIN = {"clipart": 33525, "infograph": 36023, "painting": 50426, "qu
 
 
 DATASETS: dict[str, DatasetSpec] = {
-    "digits": DatasetSpec("digits", False, None, embedded.digits, None, size=Size(1347, (28, 28, 1), 10, test=360)),
+    "digits": DatasetSpec("digits", False, None, embedded.digits, None, size=Size(1347, (28, 28, 1), 10, test=450)),
     "digits_m": DatasetSpec("digits_m", False, None, embedded.digits_m, None, size=Size(1347, (28, 28, 3), 10)),
     # Feddle's out-of-domain server data at laptop scale (other images, other labels)
     "photo_patches": DatasetSpec("photo_patches", False, None, embedded.photo_patches, None),
