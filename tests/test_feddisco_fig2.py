@@ -109,7 +109,8 @@ def study() -> dict:
 
 
 def test_paper_study_runs_33_pair_and_10_single_one_round_probes_on_cifar10_niid1(study) -> None:
-    from fedrepro.config import grid_runs, run_spec, weight_probe_cells
+    from fedrepro.config import grid_runs, run_spec
+    from fedrepro.report.figure_kinds import weight_probe_cells
 
     probes = [(s, m) for s, m in grid_runs(study) if m.startswith(("fedavg-pair-", "fedavg-single-"))]
     assert len(probes) == 43 and {s for s, _ in probes} == {"c10-niid1"}

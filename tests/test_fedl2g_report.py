@@ -145,7 +145,8 @@ def test_fig4_shows_one_tsne_panel_per_fedl2g_variant(tmp_path, monkeypatch):
 def test_the_paper_studys_fig4_reads_both_fedl2g_runs_and_a_tsne_takes_method_or_methods():
     import copy
 
-    from fedrepro.config import ConfigError, figure_runs_methods, resolve_config
+    from fedrepro.config import ConfigError, resolve_config
+    from fedrepro.report.figure_kinds import figure_runs_methods
 
     config = laptop_full_config()
     config["studies"]["fedl2g"] = str(REPO / "config" / "studies" / "fedl2g.yaml")

@@ -10,6 +10,7 @@ import copy
 import itertools
 import os
 import re
+from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -206,6 +207,13 @@ def name_problem(kind: str, name: str) -> str | None:
     return f"{name!r} is no usable name: it names folders and files, so it must match {NAME_PATTERNS[kind]}"
 
 
+def unknown_name(name: str, known: Iterable[str], what: str) -> str | None:
+    """Why ``name`` is none of ``known`` (the study's settings, methods, ...; ``what`` says which), or None."""
+    if name in known:
+        return None
+    return f"unknown {what} {name!r}{did_you_mean(name, known)}; known: {sorted(known)}"
+
+
 def check_results_root(config: dict, source: str = "config") -> None:
     """Refuse a results root that is no folder of its own inside the working directory (empty, the working
     directory itself, the file system's root, or outside without ``allow_results_outside``), and one that a
@@ -278,10 +286,13 @@ def expand_sweeps(study: dict) -> dict[str, list[dict]]:
 def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
     """What the schema cannot express: names that must exist (and be usable as folders), tables the grid must
     produce, hyper-parameters against their method's declared types and ranges (fedrepro.plugins), partitions
-    against their data set's size, [lo, hi] pairs in order."""
+    against their data set's size, [lo, hi] pairs in order, and what each table's source and each figure's kind
+    checks of its own (fedrepro.report.table_sources, fedrepro.report.figure_kinds)."""
     from fedrepro.data.registry import DATASETS
     from fedrepro.federations import federation, hyperparameters_of, methods_of, models_of
     from fedrepro.plugins import hyperparameter_problems
+    from fedrepro.report.figure_kinds import figure_problems, figure_runs
+    from fedrepro.report.table_sources import table_source
 
     kind = study["federation"]
     methods, models = methods_of(kind), models_of(kind)
@@ -290,8 +301,11 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         raise ConfigError(f"{source}: {_key_path([p for p in (prefix, key) if p])}: {msg}")
 
     def known(key: str, value: str, options, what: str) -> None:
-        if value not in options:
-            fail(key, f"unknown {what} {value!r}{did_you_mean(value, options)}; known: {sorted(options)}")
+        if problem := unknown_name(value, options, what):
+            fail(key, problem)
+
+    def under(*keys: str) -> str:  # the key path of a problem a registry names under a table or figure
+        return ".".join(k for k in keys if k)
 
     for names in ("settings", "methods", "tables", "figures"):
         for key in study[names]:
@@ -365,18 +379,11 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         for j, col in enumerate(table["columns"]):
             for problem in average_column_problems(table, col):
                 fail(f"tables.{t}.columns.{j}", problem)
-        if table["source"] == "simulation":
-            if table["metric"] != "bound":
-                fail(f"tables.{t}.metric", "a `source: simulation` table shows the metric 'bound'")
+        source = table_source(table["source"])  # its metrics and settings (fedrepro.report.table_sources)
+        for key, problem in source.check(study, table):
+            fail(under("tables", t, key), problem)
+        if not source.has_runs:
             continue  # no runs behind its cells
-        if table["metric"] == "bound":
-            fail(f"tables.{t}.metric", "the metric 'bound' exists only in a `source: simulation` table")
-        from_finetune = table["source"] == "finetune"
-        metrics = {table["metric"], *(c["metric"] for c in table["columns"] if "metric" in c)}
-        wrong = sorted(m for m in metrics if m.startswith("target_") != from_finetune)
-        if wrong:
-            fail(f"tables.{t}", f"metric {wrong[0]!r} does not exist for `source: {table['source']}` (target_* "
-                 "metrics come from fine-tuning, `source: finetune`; the others from pre-training)")
         column_settings = [c["setting"] for c in table["columns"] if "setting" in c]  # not average columns
         for row in table["rows"]:
             for s in row.get("not_applicable", []):
@@ -396,8 +403,6 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
             if (setting, method) not in runs:
                 fail(f"tables.{t}", f"cell ({method}, {setting}) names a run the grid "
                      "does not produce; add it to `grid` or remove it from the table")
-            if from_finetune and "target" not in study["settings"][setting]:
-                fail(f"tables.{t}", f"setting {setting!r} has no `target` to fine-tune on")
         for i, claim in enumerate(table["claims"]):
             for problem in claim_problems(claim, table):
                 fail(f"tables.{t}.claims.{i}", problem)
@@ -405,45 +410,8 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         for key, entry in entries.items():
             check_deviations(entry["deviations"], f"{kind}.{key}.deviations", fail)
     for f, fig in study["figures"].items():
-        for s in fig.get("settings", []) + [p["setting"] for p in fig.get("points", [])]:
-            known(f"figures.{f}", s, study["settings"], "setting")
-        if "setting" in fig:
-            known(f"figures.{f}.setting", fig["setting"], study["settings"], "setting")
-        for key in ("sweep", "single_sweep"):
-            if key in fig:
-                known(f"figures.{f}.{key}", fig[key], study["sweeps"], "swept method")
-        if fig["kind"] == "gain_grid" and len(study["sweeps"][fig["sweep"]][0]["values"]) != 2:
-            fail(f"figures.{f}.sweep", "a gain_grid needs a sweep over exactly two keys")
-        if fig["kind"] == "weight_probe":
-            for key, swept in WEIGHT_PROBE_SWEEPS.items():
-                variants, kind_ = study["sweeps"][fig[key]], WEIGHT_PROBE_KINDS[key]
-                kinds = {study["methods"][v["method"]]["weighting"]["kind"] for v in variants}
-                if set(variants[0]["values"]) != set(swept) or kinds != {kind_}:
-                    fail(f"figures.{f}.{key}", f"a weight_probe's {key} sweeps exactly {list(swept)} of a method "
-                                               f"with `weighting: {{kind: {kind_}}}`")
-        if fig["kind"] == "finetune_curve":
-            for s in fig["settings"]:
-                if "target" not in study["settings"][s]:
-                    fail(f"figures.{f}", f"setting {s!r} has no `target` to fine-tune on")
-        elif fig["kind"] == "negative_effect" and fig["y"] not in LOSSES:
-            fail(f"figures.{f}.y", f"a negative effect is the rise of a loss: one of {LOSSES}, not {fig['y']!r}")
-        elif fig["kind"] in ("tsne", "update_cosine"):
-            if fig["kind"] == "update_cosine":
-                for s in sorted({fig["setting"], *fig["settings"]}):
-                    if study["federation"] != "async" or not run_async(study, s).get("true_update"):
-                        fail(f"figures.{f}", f"setting {s!r} logs no true update: set its async.true_update "
-                                             "(a federation: async study)")
-            if fig["seed"] not in study["seeds"]:
-                fail(f"figures.{f}.seed", f"seed {fig['seed']} is not one of the study's seeds {study['seeds']}")
-        elif fig["kind"] == "sweep_line":
-            for i, line in enumerate(fig["lines"]):
-                setting = line.get("setting", fig["setting"])
-                known(f"figures.{f}.lines.{i}.setting", setting, study["settings"], "setting")
-                if len(line["methods"]) != len(fig["x_values"]):
-                    fail(f"figures.{f}.lines.{i}.methods", f"{len(line['methods'])} methods for "
-                         f"{len(fig['x_values'])} x_values: one run per swept value")
-            if fig["x_scale"] == "log" and min(fig["x_values"]) <= 0:
-                fail(f"figures.{f}.x_scale", "a log axis needs positive x_values (categorical spaces them evenly)")
+        for key, problem in figure_problems(study, fig):  # its settings, and its kind's own checks
+            fail(under("figures", f, key), problem)
         for s, m in figure_runs(study, fig):
             if (s, m) not in runs:
                 fail(f"figures.{f}", f"({m}, {s}) is not a run of the grid")
@@ -482,52 +450,13 @@ def partition_problems(setting: dict) -> list[tuple[str, str]]:
     return problems
 
 
-LOSSES = ("train_ce", "train_loss", "test_loss")  # per-round losses of runs.csv (a negative_effect's y)
-
-
-def figure_runs(study: dict, fig: dict) -> list[tuple[str, str]]:
-    """The (setting, method) runs a figure of the study draws, sorted; every seed of each (none: a partition
-    plot draws partitions)."""
-    kind = fig["kind"]
-    if kind in ("curve", "finetune_curve"):
-        needed = {(s, m) for s in fig["settings"] for m in fig["methods"]}
-    elif kind in ("per_class", "negative_effect"):
-        needed = {(fig["setting"], m) for m in fig["methods"]}
-    elif kind in ("tsne", "update_cosine"):
-        needed = {(fig["setting"], m) for m in figure_runs_methods(fig)}
-        if kind == "update_cosine":
-            needed |= {(s, fig["method"]) for s in fig["settings"]}
-    elif kind == "gain_grid":
-        needed = {(fig["setting"], v["method"]) for v in study["sweeps"][fig["sweep"]]}
-        needed.add((fig["setting"], fig["baseline"]))
-    elif kind == "sweep_line":
-        needed = {(line.get("setting", fig["setting"]), m) for line in fig["lines"] for m in line["methods"]}
-    elif kind == "weight_probe":
-        needed = {(fig["setting"], v["method"]) for key in WEIGHT_PROBE_SWEEPS for v in study["sweeps"][fig[key]]}
-    elif kind == "gain_lines":
-        needed = {(p["setting"], m) for p in fig["points"] for ser in fig["series"]
-                  for m in (ser["baseline"], ser["method"])}
-    else:
-        needed = set()
-    return sorted(needed)
-
-
-def figure_runs_methods(fig: dict) -> list[str]:
-    """The methods whose runs a one-run-per-panel figure reads: a tsne's `methods` (one panel each, FedL2G
-    Fig. 4's -l and -f) or its single `method`; an update_cosine's `method`."""
-    return list(fig["methods"]) if fig["kind"] == "tsne" and "methods" in fig else [fig["method"]]
-# FedDisco Fig. 2 (figure kind weight_probe): the keys each of its two sweeps varies, and the weighting kind
-WEIGHT_PROBE_SWEEPS = {"sweep": ("weighting.pair", "weighting.r"), "single_sweep": ("weighting.client",)}
-WEIGHT_PROBE_KINDS = {"sweep": "pair", "single_sweep": "single"}
-
-
 def probe_weighting_problems(weighting: dict, training: dict, clients: int) -> list[str]:
     """What keeps a `pair` / `single` weighting from running on a setting of ``clients`` clients: the options
     it needs, clients it names that do not exist, and sampling that may leave them out of a round."""
     kind = weighting["kind"]
-    if kind not in WEIGHT_PROBE_KINDS.values():
+    need = {"pair": ("pair", "r"), "single": ("client",)}.get(kind)
+    if need is None:
         return []
-    need = {"pair": ("pair", "r"), "single": ("client",)}[kind]
     problems = [f"kind {kind!r} needs option {key!r}" for key in need if key not in weighting]
     if kind == "pair" and weighting.get("pair", 0) >= clients // 2:
         problems.append(f"pair {weighting['pair']} does not exist: {clients} clients make {clients // 2} "
@@ -538,21 +467,6 @@ def probe_weighting_problems(weighting: dict, training: dict, clients: int) -> l
         problems.append(f"kind {kind!r} weights named clients, so every client must be sampled every round "
                         f"(join_ratio 1, got {training['join_ratio']})")
     return problems
-
-
-def weight_probe_cells(study: dict, fig: dict) -> dict[str, Any]:
-    """What a weight_probe figure reads beyond its study entry: the pair sweep's runs (method, pair, r), the
-    single sweep's (method, client), the study's seeds (one partition per seed) and the pairs' size tolerance."""
-    pairs = [{"method": v["method"], "pair": v["values"]["weighting.pair"], "r": v["values"]["weighting.r"]}
-             for v in study["sweeps"][fig["sweep"]]]
-    tolerance = study["methods"][pairs[0]["method"]]["weighting"].get("size_tolerance")
-    return {
-        "pairs": pairs,
-        "clients": [{"method": v["method"], "client": v["values"]["weighting.client"]}
-                    for v in study["sweeps"][fig["single_sweep"]]],
-        "seeds": list(study["seeds"]),
-        **({"size_tolerance": tolerance} if tolerance is not None else {}),
-    }
 
 
 def check_deviations(ids: list[str], key: str, fail) -> None:

@@ -177,96 +177,27 @@ def table(spec: dict, summary_csv: Path, runs_csv: Path, published_csv: Path | N
           log: Callable[[str], None]) -> None:
     """Render one table; its aggregated tables are refused unless whole (their checksums) and holding every
     seed (the spec's ``seeds``, the study's; without them, some seed) of every run of its cells."""
-    from fedrepro.config import table_runs
-    from fedrepro.report.derived import add_derived
-    from fedrepro.report.integrity import read_aggregate
     from fedrepro.report.published import load_published
+    from fedrepro.report.table_sources import table_source
     from fedrepro.report.tables import render_table
 
     published = load_published(published_csv) if published_csv else None
-    if spec.get("source") == "simulation":  # FedDisco Table 6: computed here, no training runs
-        from fedrepro.report.bound_simulation import simulate
-
-        summary = simulate()
-    else:
-        cells, seeds = table_runs(spec), spec.get("seeds")
-        summary = add_derived(spec, read_aggregate(summary_csv, cells, seeds), read_aggregate(runs_csv, cells, seeds))
+    # the cells' frame as the table's source reads it (fedrepro.report.table_sources); a spec without a source
+    # shows pre-training runs, the schema's default
+    summary = table_source(spec.get("source", "train")).read(spec, summary_csv, runs_csv)
     cells = render_table(spec, summary, published, Path(out_stem), scale)
     log(f"{spec['name']}: {len(cells)} cells -> {out_stem}.{{md,tex,csv}}")
 
 
-def seed_file(spec: dict, index: Path, name: str, why_missing: str) -> Path:
-    """The file ``name`` a train job wrote beside the summary of the figure's seed (``index``: its seeds.json)."""
-    from fedrepro.io import read_json
-
-    runs = {r["seed"]: r["dir"] for r in read_json(index)["runs"]}
-    if spec["seed"] not in runs:
-        raise ValueError(f"figure {spec['name']}: seed {spec['seed']} is not among the runs of {index} "
-                         f"(seeds {sorted(runs)})")
-    path = index.parent / runs[spec["seed"]] / name
-    if not path.exists():
-        raise ValueError(f"figure {spec['name']}: {path} is missing: method {spec['method']!r} {why_missing}")
-    return path
-
-
 def figure(spec: dict, inputs: list[Path], out_stem: Path, log: Callable[[str], None]) -> None:
-    """Render one figure; what it reads depends on its kind (runs.csv, summary.csv or partition stats). An
-    aggregated table is refused unless whole (its checksum) and holding every seed (the spec's ``seeds``, the
-    study's; without them, some seed) of every run the figure draws (the spec's ``drawn_runs``; without them,
-    the runs it holds)."""
-    from functools import partial
+    """Render one figure; what it reads (runs.csv, summary.csv, partition stats, a seed's run files) and how it
+    draws them is its kind's (fedrepro.report.figure_kinds). An aggregated table is refused unless whole (its
+    checksum) and holding every seed (the spec's ``seeds``, the study's; without them, some seed) of every run
+    the figure draws (the spec's ``drawn_runs``; without them, the runs it holds)."""
+    from fedrepro.report.figure_kinds import figure_kind
 
-    from fedrepro.io import open_npz, read_json
-    from fedrepro.report import figures, figures_feddisco, figures_fedl2g
-    from fedrepro.report.integrity import read_aggregate
-
-    kind = spec["kind"]
-    read = partial(read_aggregate, runs=spec.get("drawn_runs"), seeds=spec.get("seeds"))
-    if kind == "finetune_curve":  # target accuracy per fine-tuning epoch (finetune_curves.csv; finetune.csv)
-        summary = read(inputs[1]) if len(inputs) > 1 else None
-        curves = read(inputs[0], exempt=figures.diverged_runs(summary))  # a diverged pre-training has no curve
-        figures.render_curves({**spec, "x": "epoch"}, curves, Path(out_stem))
-    elif kind == "tsne":  # per method, one seed's anchors and client representations, beside its summary.json
-        from fedrepro.hetero.job import EMBEDDINGS
-        from fedrepro.report.figures_fedl2g import render_tsne
-
-        panels = []
-        for method, index in zip(spec["methods"], inputs, strict=True):  # one seeds.json per method
-            path = seed_file({**spec, "method": method["method"]}, Path(index), EMBEDDINGS,
-                             "holds no server vectors to embed (FedL2G's guiding vectors)")
-            with open_npz(path, "file of embeddings", checksum=False) as f:
-                panels.append({k: f[k] for k in f.files})
-        render_tsne(spec, panels, Path(out_stem))
-    elif kind == "update_cosine":  # runs.csv and one seed's true-update cosines, beside its summary.json
-        from fedrepro.asyncfl.job import TRUE_UPDATES
-        from fedrepro.report.figures_feddle import render_update_cosine
-
-        path = seed_file(spec, Path(inputs[1]), TRUE_UPDATES, "logs no true update (set async.true_update)")
-        with open_npz(path, "file of true-update cosines", checksum=False) as f:
-            render_update_cosine(spec, read(inputs[0]), {k: f[k] for k in f.files}, Path(out_stem))
-    elif kind == "curve":  # runs.csv, and summary.csv: which seeds diverged
-        figures.render_curves(spec, read(inputs[0]), Path(out_stem), read(inputs[1]))
-    elif kind == "sweep_line":  # summary.csv, and runs.csv for a metric derived from the curves (last_k_max_acc)
-        from fedrepro.report.derived import add_derived
-
-        as_table = {"name": spec["name"], "metric": spec["metric"], "columns": [{}]}
-        summary = add_derived(as_table, read(inputs[0]), read(inputs[1]))
-        figures.render_sweep_line(spec, summary, Path(out_stem))
-    elif kind in ("partition", "class_histogram"):
-        stats = {s["setting"]: read_json(p, checksum=True) for s, p in zip(spec["settings"], inputs, strict=True)}
-        render = {"partition": figures_feddisco.render_partition,
-                  "class_histogram": figures_feddisco.render_class_histogram}[kind]
-        render(spec, stats, Path(out_stem))
-    elif kind == "weight_probe":  # summary.csv, then the setting's partition stats of each seed in spec["seeds"]
-        stats = {seed: read_json(p, checksum=True) for seed, p in zip(spec["seeds"], inputs[1:], strict=True)}
-        figures_feddisco.render_weight_probe(spec, read(inputs[0]), stats, Path(out_stem))
-    else:
-        render = {"gain_grid": figures_feddisco.render_gain_grid,
-                  "gain_lines": figures_feddisco.render_gain_lines,
-                  "per_class": figures_feddisco.render_per_class,
-                  "negative_effect": figures_fedl2g.render_negative_effect}[kind]
-        render(spec, read(inputs[0]), Path(out_stem))
-    log(f"{spec['name']} ({kind}) -> {out_stem}.{{png,pdf}}")
+    figure_kind(spec["kind"]).render(spec, inputs, Path(out_stem))
+    log(f"{spec['name']} ({spec['kind']}) -> {out_stem}.{{png,pdf}}")
 
 
 def scorecard(tables: list[dict], cell_csvs: list[Path], scale: str, md_out: Path, html_out: Path,
@@ -278,10 +209,11 @@ def scorecard(tables: list[dict], cell_csvs: list[Path], scale: str, md_out: Pat
     tables show; ``papers``: study -> its paper's key (the trials behind the published sds)."""
     from fedrepro.config import table_runs
     from fedrepro.report.scorecard import build_scorecard
+    from fedrepro.report.table_sources import table_source
 
     shown: dict[str, tuple[list[tuple[str, str]], list[int] | None]] = {}
     for t in tables:
-        if t["spec"].get("source") != "simulation":  # a simulated table shows no runs
+        if table_source(t["spec"].get("source", "train")).has_runs:  # a computed table shows no runs
             earlier = shown.get(t["study"], ([], None))[0]
             shown[t["study"]] = (earlier + table_runs(t["spec"]), t["spec"].get("seeds"))
     scores = build_scorecard([(t["study"], t["spec"], Path(p)) for t, p in zip(tables, cell_csvs, strict=True)],

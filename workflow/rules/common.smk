@@ -13,8 +13,6 @@ from fedrepro.config import (  # noqa: E402
     NAME_PATTERNS,
     ConfigError,
     did_you_mean,
-    figure_runs,
-    figure_runs_methods,
     finetune_spec,
     grid_runs,
     job_resources,
@@ -24,11 +22,12 @@ from fedrepro.config import (  # noqa: E402
     run_spec,
     spec_digest,
     transfer_runs,
-    weight_probe_cells,
 )
 from fedrepro.data.registry import get_spec, raw_files  # noqa: E402
 from fedrepro.data.weights import weights_of  # noqa: E402
+from fedrepro.report import figure_kinds  # noqa: E402
 from fedrepro.report.captions import figure_caption, table_caption  # noqa: E402
+from fedrepro.report.table_sources import table_source  # noqa: E402
 
 try:
     CFG = resolve_config(config, source="config", root=Path(workflow.basedir))
@@ -154,35 +153,9 @@ def table_spec(study, name):
 
 
 def figure_spec(study, name):
-    """A figure of the study file with labels, and a sweep's cells, filled in, and the runs it draws and the
-    study's seeds (its tables must have rows for every one)."""
-    s = STUDIES[study]
-    f = s["figures"][name]
-    spec = {**f, "name": name, "drawn_runs": [list(r) for r in figure_runs(s, f)], "seeds": list(s["seeds"])}
-    if "settings" in f:
-        spec["settings"] = [{"setting": k, "label": label_of(s, "settings", k)} for k in f["settings"]]
-    if "methods" in f:
-        spec["methods"] = [{"method": k, "label": label_of(s, "methods", k)} for k in f["methods"]]
-    if f["kind"] in ("tsne", "update_cosine", "negative_effect"):
-        spec["setting_label"] = label_of(s, "settings", f["setting"])
-    if f["kind"] == "tsne":  # one panel per method
-        spec["methods"] = [{"method": m, "label": label_of(s, "methods", m)} for m in figure_runs_methods(f)]
-    if f["kind"] == "update_cosine":
-        spec["method_label"] = label_of(s, "methods", f["method"])
-    if "series" in f:
-        spec["series"] = [{"label": label_of(s, "methods", x["method"]), **x} for x in f["series"]]
-    if f["kind"] == "gain_grid":
-        variants = s["sweeps"][f["sweep"]]
-        xkey, ykey = list(variants[0]["values"])
-        spec["cells"] = [{"method": v["method"], "x": v["values"][xkey], "y": v["values"][ykey]} for v in variants]
-        spec.setdefault("x_label", xkey.split(".")[1])
-        spec.setdefault("y_label", ykey.split(".")[1])
-        spec["setting_label"] = label_of(s, "settings", f["setting"])
-        spec["baseline_label"] = label_of(s, "methods", f["baseline"])
-    if f["kind"] == "weight_probe":
-        spec.update(weight_probe_cells(s, f))
-        spec["setting_label"] = label_of(s, "settings", f["setting"])
-    return spec
+    """A figure of the study file with labels, and what its kind adds, filled in, and the runs it draws and the
+    study's seeds (its tables must have rows for every one): fedrepro.report.figure_kinds."""
+    return figure_kinds.figure_spec(STUDIES[study], name)
 
 
 def finetune_indexes(wildcards):
@@ -191,43 +164,20 @@ def finetune_indexes(wildcards):
 
 
 def table_summary(wildcards):
-    """What a table's cells read: the runs' summary.csv, or finetune.csv for `source: finetune`."""
-    source = table_of(wildcards)["source"]
-    if source == "simulation":  # computed by the table job itself (FedDisco Table 6)
-        return []
-    return f"{RES}/{wildcards.study}/{'finetune' if source == 'finetune' else 'summary'}.csv"
+    """What a table's cells read: its source's aggregated table (summary.csv; finetune.csv for `source: finetune`),
+    nothing for a table its job computes (fedrepro.report.table_sources)."""
+    source = table_source(table_of(wildcards)["source"])
+    return f"{RES}/{wildcards.study}/{source.cells_from}" if source.has_runs else []
 
 
 def table_runs(wildcards):
-    """runs.csv, for the metrics derived from the curves; nothing for a simulated table."""
-    source = table_of(wildcards)["source"]
-    return [] if source == "simulation" else [f"{RES}/{wildcards.study}/runs.csv"]
+    """runs.csv, for the metrics derived from the curves of the runs behind the cells; nothing for a computed table."""
+    return [f"{RES}/{wildcards.study}/runs.csv"] if table_source(table_of(wildcards)["source"]).has_runs else []
 
 
 def figure_inputs(wildcards):
-    """runs.csv for negative effects, runs.csv and summary.csv (which seeds diverged) for curves,
-    finetune_curves.csv and finetune.csv for fine-tuning curves, partition stats for partition plots, summary.csv and every
-    seed's partition stats for weight probes, summary.csv (and runs.csv: sweep_line) for the rest."""
-    f = figure_of(wildcards)
-    if f["kind"] == "negative_effect":
-        return [f"{RES}/{wildcards.study}/runs.csv"]
-    if f["kind"] == "curve":
-        return [f"{RES}/{wildcards.study}/runs.csv", f"{RES}/{wildcards.study}/summary.csv"]
-    if f["kind"] == "finetune_curve":  # and finetune.csv: which pre-trainings diverged (no curve)
-        return [f"{RES}/{wildcards.study}/finetune_curves.csv", f"{RES}/{wildcards.study}/finetune.csv"]
-    if f["kind"] in ("partition", "class_histogram"):
-        return [f"{RES}/{wildcards.study}/partitions/{s}/seed{f['seed']}.json" for s in f["settings"]]
-    if f["kind"] == "weight_probe":  # and each seed's partition stats: the pairs and sizes differ per seed
-        return [f"{RES}/{wildcards.study}/summary.csv"] + [
-            f"{RES}/{wildcards.study}/partitions/{f['setting']}/seed{seed}.json" for seed in seeds_of(wildcards)]
-    if f["kind"] == "tsne":  # per method, the train job's index; the seed's embeddings.npz lies beside its summary
-        return [f"{RES}/{wildcards.study}/runs/{f['setting']}/{m}/seeds.json" for m in figure_runs_methods(f)]
-    if f["kind"] == "update_cosine":  # and the seed's true_update_cosines.npz
-        return [f"{RES}/{wildcards.study}/runs.csv",
-                f"{RES}/{wildcards.study}/runs/{f['setting']}/{f['method']}/seeds.json"]
-    if f["kind"] == "sweep_line":  # and the curves, for a metric derived from them (last_k_max_acc)
-        return [f"{RES}/{wildcards.study}/summary.csv", f"{RES}/{wildcards.study}/runs.csv"]
-    return [f"{RES}/{wildcards.study}/summary.csv"]
+    """The files a figure's job reads, in the order its kind's renderer takes them (fedrepro.report.figure_kinds)."""
+    return figure_kinds.figure_inputs(study_of(wildcards), figure_of(wildcards), f"{RES}/{wildcards.study}")
 
 
 def published_numbers(wildcards):

@@ -1,0 +1,102 @@
+"""Where a table's cells come from (a table's `source` key): one ``TableSource`` entry per source in
+``TABLE_SOURCES``, holding everything that differs between sources.
+
+- ``cells_from``: the study's aggregated table whose runs fill the cells (beside it the job reads runs.csv, for
+  the metrics derived from the curves); None for a table its job computes, which has no runs behind it: the
+  config check then skips its rows' runs and claims, and the scorecard counts none of its runs;
+- ``check``: what the config check refuses in the table beyond the schema (its metrics, the settings of its
+  cells), as (key under the table, problem) pairs (``fedrepro.config.check_study`` raises the first);
+- ``read``: the table job's frame of cells, from the files ``cells_from`` names (fedrepro.pipeline.table).
+
+Adding a source is one entry here plus its name in the `source` enum of workflow/schemas/study.schema.yaml
+(tests/test_figure_kinds.py checks the two agree). Light on imports, as fedrepro.report.figure_kinds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+Problems = list[tuple[str, str]]  # (key under the table, "" for the table itself; what is wrong)
+
+
+@dataclass(frozen=True)
+class TableSource:
+    """One source of a table's cells; see the module's docstring for what each part does."""
+
+    cells_from: str | None
+    check: Callable[[dict, dict], Problems]
+    read: Callable[[dict, Path | None, Path | None], pd.DataFrame]  # (spec, cells' table, runs.csv) -> cells
+
+    @property
+    def has_runs(self) -> bool:
+        """Whether training runs fill the cells (each of which the grid must produce)."""
+        return self.cells_from is not None
+
+
+def _read_runs(spec: dict, cells_csv: Path | None, runs_csv: Path | None) -> pd.DataFrame:
+    """The aggregated tables, refused unless whole (their checksums) and holding every seed (the spec's
+    ``seeds``, the study's; without them, some seed) of every run of its cells, with the derived metrics."""
+    from fedrepro.config import table_runs
+    from fedrepro.report.derived import add_derived
+    from fedrepro.report.integrity import read_aggregate
+
+    cells, seeds = table_runs(spec), spec.get("seeds")
+    return add_derived(spec, read_aggregate(cells_csv, cells, seeds), read_aggregate(runs_csv, cells, seeds))
+
+
+def _run_metric_problems(table: dict, from_finetune: bool) -> Problems:
+    """A table of runs shows no simulated bound, and target_* metrics exactly when its runs are fine-tunings."""
+    if table["metric"] == "bound":
+        return [("metric", "the metric 'bound' exists only in a `source: simulation` table")]
+    metrics = {table["metric"], *(c["metric"] for c in table["columns"] if "metric" in c)}
+    wrong = sorted(m for m in metrics if m.startswith("target_") != from_finetune)
+    if wrong:
+        return [("", f"metric {wrong[0]!r} does not exist for `source: {table['source']}` (target_* metrics come "
+                     "from fine-tuning, `source: finetune`; the others from pre-training)")]
+    return []
+
+
+def _finetune_problems(study: dict, table: dict) -> Problems:
+    """Metrics of fine-tuning, and a `target` to fine-tune on in every setting of its cells (a setting the study
+    lacks is the grid check's to name)."""
+    from fedrepro.config import table_runs
+
+    problems = _run_metric_problems(table, from_finetune=True)
+    return problems + [("", f"setting {setting!r} has no `target` to fine-tune on")
+                       for setting in dict.fromkeys(s for s, _ in table_runs(table))
+                       if setting in study["settings"] and "target" not in study["settings"][setting]]
+
+
+def _simulation_problems(study: dict, table: dict) -> Problems:
+    if table["metric"] == "bound":
+        return []
+    return [("metric", "a `source: simulation` table shows the metric 'bound'")]
+
+
+def _simulate(spec: dict, cells_csv: Path | None, runs_csv: Path | None) -> pd.DataFrame:
+    from fedrepro.report.bound_simulation import simulate
+
+    return simulate()
+
+
+TABLE_SOURCES: dict[str, TableSource] = {
+    # the pre-training runs
+    "train": TableSource("summary.csv", lambda study, table: _run_metric_problems(table, from_finetune=False),
+                         _read_runs),
+    # their fine-tuning on each setting's target (FedGTST)
+    "finetune": TableSource("finetune.csv", _finetune_problems, _read_runs),
+    # FedDisco Table 6: computed by the table job itself (fedrepro.report.bound_simulation), no training runs
+    "simulation": TableSource(None, _simulation_problems, _simulate),
+}
+
+
+def table_source(name: str) -> TableSource:
+    if name not in TABLE_SOURCES:
+        raise ValueError(f"unknown table source {name!r}; known: {sorted(TABLE_SOURCES)}")
+    return TABLE_SOURCES[name]
