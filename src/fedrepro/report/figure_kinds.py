@@ -266,9 +266,9 @@ def _render_sweep_line(spec: dict, inputs: list[Path], out_stem: Path) -> None:
 # ------------------------------------------------------------------ tsne, update_cosine (one seed's run files)
 
 def figure_runs_methods(fig: dict) -> list[str]:
-    """The methods whose runs a one-run-per-panel figure reads: a tsne's `methods` (one panel each, FedL2G
-    Fig. 4's -l and -f) or its single `method`; an update_cosine's `method`."""
-    return list(fig["methods"]) if fig["kind"] == "tsne" and "methods" in fig else [fig["method"]]
+    """The methods of a tsne figure, one panel and one run each: its `methods` (FedL2G Fig. 4's -l and -f) or
+    its single `method`."""
+    return list(fig["methods"]) if "methods" in fig else [fig["method"]]
 
 
 def _tsne_runs(study: dict, fig: dict) -> set[Run]:
