@@ -125,5 +125,5 @@ def _tiny_fedgtst_without_target_or_tables() -> dict:
      "studies.feddisco.tables.table1.metric: the metric 'bound' exists only in a `source: simulation` table"),
 ])
 def test_each_registered_check_names_its_figure_or_table_key(config, message) -> None:
-    with pytest.raises(ConfigError, match=re.escape(message)):
+    with pytest.raises(ConfigError, match="^config: " + re.escape(message)):  # the file, then the key
         resolve_config(copy.deepcopy(config()))

@@ -379,10 +379,10 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
         for j, col in enumerate(table["columns"]):
             for problem in average_column_problems(table, col):
                 fail(f"tables.{t}.columns.{j}", problem)
-        source = table_source(table["source"])  # its metrics and settings (fedrepro.report.table_sources)
-        for key, problem in source.check(study, table):
+        cells_from = table_source(table["source"])  # its metrics and cells (fedrepro.report.table_sources)
+        for key, problem in cells_from.check(study, table):
             fail(under("tables", t, key), problem)
-        if not source.has_runs:
+        if not cells_from.has_runs:
             continue  # no runs behind its cells
         column_settings = [c["setting"] for c in table["columns"] if "setting" in c]  # not average columns
         for row in table["rows"]:
@@ -403,6 +403,8 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
             if (setting, method) not in runs:
                 fail(f"tables.{t}", f"cell ({method}, {setting}) names a run the grid "
                      "does not produce; add it to `grid` or remove it from the table")
+            if problem := cells_from.cell_problem(study, setting):
+                fail(f"tables.{t}", problem)
         for i, claim in enumerate(table["claims"]):
             for problem in claim_problems(claim, table):
                 fail(f"tables.{t}.claims.{i}", problem)

@@ -4,8 +4,10 @@
 - ``cells_from``: the study's aggregated table whose runs fill the cells (beside it the job reads runs.csv, for
   the metrics derived from the curves); None for a table its job computes, which has no runs behind it: the
   config check then skips its rows' runs and claims, and the scorecard counts none of its runs;
-- ``check``: what the config check refuses in the table beyond the schema (its metrics, the settings of its
-  cells), as (key under the table, problem) pairs (``fedrepro.config.check_study`` raises the first);
+- ``check``: what the config check refuses in the table's options beyond the schema (its metrics), as (key
+  under the table, problem) pairs (``fedrepro.config.check_study`` raises the first);
+- ``cell_problem``: what keeps a setting's runs, once the grid produces them, from filling a cell (finetune:
+  a setting without a `target` to fine-tune on), or None;
 - ``read``: the table job's frame of cells, from the files ``cells_from`` names (fedrepro.pipeline.table).
 
 Adding a source is one entry here plus its name in the `source` enum of workflow/schemas/study.schema.yaml
@@ -32,6 +34,7 @@ class TableSource:
     cells_from: str | None
     check: Callable[[dict, dict], Problems]
     read: Callable[[dict, Path | None, Path | None], pd.DataFrame]  # (spec, cells' table, runs.csv) -> cells
+    cell_problem: Callable[[dict, str], str | None] = lambda study, setting: None  # (study, setting)
 
     @property
     def has_runs(self) -> bool:
@@ -62,15 +65,10 @@ def _run_metric_problems(table: dict, from_finetune: bool) -> Problems:
     return []
 
 
-def _finetune_problems(study: dict, table: dict) -> Problems:
-    """Metrics of fine-tuning, and a `target` to fine-tune on in every setting of its cells (a setting the study
-    lacks is the grid check's to name)."""
-    from fedrepro.config import table_runs
-
-    problems = _run_metric_problems(table, from_finetune=True)
-    return problems + [("", f"setting {setting!r} has no `target` to fine-tune on")
-                       for setting in dict.fromkeys(s for s, _ in table_runs(table))
-                       if setting in study["settings"] and "target" not in study["settings"][setting]]
+def _no_target(study: dict, setting: str) -> str | None:
+    if "target" in study["settings"][setting]:
+        return None
+    return f"setting {setting!r} has no `target` to fine-tune on"
 
 
 def _simulation_problems(study: dict, table: dict) -> Problems:
@@ -90,7 +88,8 @@ TABLE_SOURCES: dict[str, TableSource] = {
     "train": TableSource("summary.csv", lambda study, table: _run_metric_problems(table, from_finetune=False),
                          _read_runs),
     # their fine-tuning on each setting's target (FedGTST)
-    "finetune": TableSource("finetune.csv", _finetune_problems, _read_runs),
+    "finetune": TableSource("finetune.csv", lambda study, table: _run_metric_problems(table, from_finetune=True),
+                            _read_runs, cell_problem=_no_target),
     # FedDisco Table 6: computed by the table job itself (fedrepro.report.bound_simulation), no training runs
     "simulation": TableSource(None, _simulation_problems, _simulate),
 }
