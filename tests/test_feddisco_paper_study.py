@@ -39,11 +39,11 @@ def test_table1_fedDisco_is_scaffold_disco_on_fashion_mnist_and_feddyn_disco_els
     assert got[("fedavg", "fmnist-niid1")] == "fedavg"
 
 
-def test_a_setting_method_the_grid_does_not_run_is_refused(raw):
+def test_a_cells_method_the_grid_does_not_run_is_refused(raw):
     import copy
 
     bad = copy.deepcopy(raw)
-    bad["tables"]["table1"]["rows"][-1]["setting_methods"] = {"fmnist-niid1": "feddc-disco-nope"}
+    bad["tables"]["table1"]["rows"][-1]["cells"] = [{"columns": ["fmnist-niid1"], "method": "feddc-disco-nope"}]
     with pytest.raises(ConfigError, match="feddc-disco-nope"):
         resolve(bad)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -175,22 +176,25 @@ def test_laptop_table5_center_is_one_run_for_both_columns():
 @pytest.mark.parametrize("shared, message", [
     ({"setting": "c10-d01-n20", "columns": ["c10-nope"]}, "c10-nope"),
     ({"setting": "c10-d01-n5"}, r"cell \(center, c10-d01-n5\) names a run the grid does not produce"),
+    ({"setting": "c10-d01-n20", "not_applicable": True},
+     r"table5\.rows\.center\.cells\.0: a `not_applicable` cell has no run: drop \['setting'\]"),
 ])
-def test_a_bad_shared_run_is_a_config_error(shared, message):
+def test_a_bad_cells_entry_is_a_config_error(shared, message):
     raw, _ = _paper_feddle()
     bad = copy.deepcopy(raw)
     center = next(r for r in bad["tables"]["table5"]["rows"] if r["method"] == "center")
-    center["shared_runs"] = [shared]
+    center["cells"] = [shared]
     with pytest.raises(ConfigError, match=message):
         resolve_config({"scale": "paper", "results_dir": "results/paper", "studies": {"feddle": bad}})
 
 
-def test_a_column_in_two_shared_runs_is_a_config_error():
+def test_a_column_in_two_cells_entries_is_a_config_error():
     raw, _ = _paper_feddle()
     bad = copy.deepcopy(raw)
     center = next(r for r in bad["tables"]["table5"]["rows"] if r["method"] == "center")
-    center["shared_runs"][1]["columns"].append("c10-d01-n5")
-    with pytest.raises(ConfigError, match="already filled"):
+    center["cells"][1]["columns"].append("c10-d01-n5")
+    message = "studies.feddle.tables.table5.rows.center.cells.1.columns: column setting 'c10-d01-n5' is already in"
+    with pytest.raises(ConfigError, match=re.escape(message)):
         resolve_config({"scale": "paper", "results_dir": "results/paper", "studies": {"feddle": bad}})
 
 

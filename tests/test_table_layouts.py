@@ -99,10 +99,10 @@ def test_small_measured_costs_keep_three_significant_digits():
     assert _signed(-0.0004567) == "-0.000457" and _signed(3.14159) == "+3.14"
 
 
-def test_setting_methods_put_another_run_in_a_rows_cells_and_beside_its_published_number(tmp_path):
+def test_a_cells_method_puts_another_run_in_a_rows_cells_and_beside_its_published_number(tmp_path):
     # FedDisco's Table 1 row is FedDyn + Disco, but SCAFFOLD + Disco on Fashion-MNIST (89.74 there)
     row = {"method": "feddyn-disco", "label": "FedDisco", "paper": "FedDisco",
-           "setting_methods": {"fmnist-niid1": "scaffold-disco"}}
+           "cells": [{"columns": ["fmnist-niid1"], "method": "scaffold-disco"}]}
     spec = {"name": "t1", "caption": "", "paper_table": "Table 1", "metric": "best_acc", "rows": [row],
             "columns": [{"setting": "c10-niid1", "label": "c10", "paper": "CIFAR-10 | NIID-1"},
                         {"setting": "fmnist-niid1", "label": "fmnist", "paper": "Fashion-MNIST | NIID-1"},
@@ -116,6 +116,22 @@ def test_setting_methods_put_another_run_in_a_rows_cells_and_beside_its_publishe
     assert cells.loc["fmnist", "ours_mean"] == pytest.approx(89.0)
     assert cells.loc["fmnist", "paper_mean"] == pytest.approx(89.74)
     assert cells.loc["c10", "ours_mean"] == pytest.approx(72.0)
+
+
+def test_a_not_applicable_cell_is_a_dash_even_where_the_grid_runs_its_method(tmp_path):
+    # FedL2G's LG-FedAvg cannot run on HtM10; were its run there made for another table, the cell stays a dash
+    from fedrepro.config import table_runs
+
+    row = {"method": "lg_fedavg", "label": "LG-FedAvg", "paper": "LG-FedAvg",
+           "cells": [{"columns": ["htm10"], "not_applicable": True}]}
+    spec = {"name": "t2", "caption": "", "metric": "best_acc", "rows": [row],
+            "columns": [{"setting": "htfe8", "label": "HtFE8"}, {"setting": "htm10", "label": "HtM10"}]}
+    assert table_runs(spec) == [("htfe8", "lg_fedavg")]
+    data = summary([("htfe8", "lg_fedavg", 0, 40.0), ("htm10", "lg_fedavg", 0, 30.0)])
+    cells = render_table(spec, data, None, tmp_path / "t2", "paper").set_index("column")
+    assert cells.loc["HtFE8", "ours_mean"] == pytest.approx(40.0)
+    assert pd.isna(cells.loc["HtM10", "ours_mean"])
+    assert "| LG-FedAvg | 40.00 | — |" in (tmp_path / "t2.md").read_text()
 
 
 def test_table10_sd_column_is_the_spread_over_a_runs_last_k_rounds_beside_the_papers_pm(tmp_path):
@@ -141,10 +157,10 @@ def test_table10_sd_column_is_the_spread_over_a_runs_last_k_rounds_beside_the_pa
     assert cells.loc["acc", "paper_mean"] == pytest.approx(54.27)  # the mean column keeps the published mean
 
 
-def test_shared_runs_fill_several_columns_with_one_run_beside_the_papers_single_value(tmp_path):
+def test_a_cells_setting_fills_several_columns_with_one_run_beside_the_papers_single_value(tmp_path):
     # Feddle's Table 5 Center: one run per data set (its D(0.1),N(20) setting) fills the data set's columns,
     # beside the paper's one "all settings" number; the other rows keep their own column's run and number
-    center = {"method": "center", "label": "Center", "paper": "Center", "shared_runs": [
+    center = {"method": "center", "label": "Center", "paper": "Center", "cells": [
         {"setting": "c10-d01-n20", "columns": ["c10-d01-n20", "c10-d01-n5"],
          "paper_column": "CIFAR-10 | CNN | all settings (single value)"}]}
     fedavg = {"method": "fedavg", "label": "FedAvg", "paper": "FedAvg"}
@@ -162,6 +178,6 @@ def test_shared_runs_fill_several_columns_with_one_run_beside_the_papers_single_
     assert cells.loc[("FedAvg", "N(5)"), "ours_mean"] == pytest.approx(35.0)
     assert cells.loc[("FedAvg", "N(5)"), "setting"] == "c10-d01-n5"
     assert "Center: one run (setting c10-d01-n20) fills N(20), N(5)" in (tmp_path / "t5.md").read_text()
-    # without `columns` a shared run fills every column
-    assert paper_key({}, {**center, "shared_runs": [{"setting": "c10-d01-n20", "paper_column": "all"}]},
+    # without `columns` an entry fills every column
+    assert paper_key({}, {**center, "cells": [{"setting": "c10-d01-n20", "paper_column": "all"}]},
                      spec["columns"][1]) == ("Center", "all")

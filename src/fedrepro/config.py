@@ -386,18 +386,19 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
             continue  # no runs behind its cells
         column_settings = [c["setting"] for c in table["columns"] if "setting" in c]  # not average columns
         for row in table["rows"]:
-            for s in row.get("not_applicable", []):
-                known(f"tables.{t}.rows.not_applicable", s, study["settings"], "setting")
-            for s in row.get("setting_methods", {}):
-                known(f"tables.{t}.rows.setting_methods", s, study["settings"], "setting")
             filled: set[str] = set()
-            for i, shared in enumerate(row.get("shared_runs", [])):
-                key = f"tables.{t}.rows.{row['method']}.shared_runs.{i}"
-                known(f"{key}.setting", shared["setting"], study["settings"], "setting")
-                for s in shared.get("columns", column_settings):
+            for i, entry in enumerate(row.get("cells", [])):
+                key = f"tables.{t}.rows.{row['method']}.cells.{i}"
+                run_keys = sorted({"method", "setting", "paper_column"} & set(entry))
+                if entry.get("not_applicable") and run_keys:
+                    fail(key, f"a `not_applicable` cell has no run: drop {run_keys}")
+                if "setting" in entry:
+                    known(f"{key}.setting", entry["setting"], study["settings"], "setting")
+                for s in entry.get("columns", column_settings):
                     known(f"{key}.columns", s, column_settings, "column setting of the table")
                     if s in filled:
-                        fail(f"{key}.columns", f"column setting {s!r} is already filled by another shared run")
+                        fail(f"{key}.columns", f"column setting {s!r} is already in another entry of the row's "
+                                               "`cells`")
                     filled.add(s)
         for setting, method in table_runs(table):
             if (setting, method) not in runs:
@@ -482,38 +483,37 @@ def check_deviations(ids: list[str], key: str, fail) -> None:
                       f"known: {sorted(known_ids)}")
 
 
+def table_cell(row: dict, column: dict) -> dict:
+    """The entry of the row's ``cells`` that covers this column (by its setting), or {}: which run fills the cell
+    when it is not the row's method on the column's setting (see the study schema's `cells`)."""
+    for entry in row.get("cells", []):
+        if "columns" not in entry or column.get("setting") in entry["columns"]:
+            return entry
+    return {}
+
+
 def table_cell_method(row: dict, column: dict) -> str:
-    """The method of a table cell: the row's (or, on a setting its ``setting_methods`` names, that one), with
-    the column's ``method_suffix`` (e.g. "-disco") appended, so a "without / with Disco" pair of columns needs
-    no duplicated rows, and a paper row that names different runs per data set (FedDisco's Table 1 row is
-    SCAFFOLD + Disco on Fashion-MNIST, FedDyn + Disco elsewhere) stays one row."""
-    method = row.get("setting_methods", {}).get(column["setting"], row["method"])
-    return method + column.get("method_suffix", "")
-
-
-def table_shared_run(row: dict, column: dict) -> dict | None:
-    """The row's ``shared_runs`` entry that fills this column's cell, if any: one run shown in several columns
-    of a row whose method does not depend on what those columns vary (Feddle's Center trains on the server's
-    data only, so one run per data set and model fills every partition and delay column of its Table 5 row)."""
-    for shared in row.get("shared_runs", []):
-        if "columns" not in shared or column.get("setting") in shared["columns"]:
-            return shared
-    return None
+    """The method of a table cell: the row's (or its ``cells`` entry's), with the column's ``method_suffix``
+    (e.g. "-disco") appended, so a "without / with Disco" pair of columns needs no duplicated rows, and a paper
+    row that names different runs per data set (FedDisco's Table 1 row is SCAFFOLD + Disco on Fashion-MNIST,
+    FedDyn + Disco elsewhere) stays one row."""
+    return table_cell(row, column).get("method", row["method"]) + column.get("method_suffix", "")
 
 
 def table_cell_setting(row: dict, column: dict) -> str:
-    """The setting whose runs fill a table cell: the column's, or the row's shared run's (``shared_runs``)."""
-    shared = table_shared_run(row, column)
-    return shared["setting"] if shared else column["setting"]
+    """The setting whose runs fill a table cell: the column's, or its ``cells`` entry's (one run shown in several
+    columns of a row whose method does not depend on what they vary: Feddle's Center trains on the server's data
+    only, so one run per data set fills every partition and delay column of its Table 5 row)."""
+    return table_cell(row, column).get("setting", column["setting"])
 
 
 def table_runs(table: dict) -> list[tuple[str, str]]:
     """The (setting, method) runs whose seeds fill a table's cells (not an `average_of` column's, nor a row's
-    `not_applicable` settings'), in table order, each once."""
+    `not_applicable` cells'), in table order, each once."""
     runs: dict[tuple[str, str], None] = {}
     for row in table["rows"]:
         for col in table["columns"]:
-            if "average_of" not in col and col["setting"] not in row.get("not_applicable", []):
+            if "average_of" not in col and not table_cell(row, col).get("not_applicable"):
                 runs[(table_cell_setting(row, col), table_cell_method(row, col))] = None
     return list(runs)
 

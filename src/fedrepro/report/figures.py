@@ -115,7 +115,7 @@ def render_curves(spec: dict, runs: pd.DataFrame, out_stem: Path, summary: pd.Da
 
     spec: name, caption, kind="curve", settings [{setting, label}], methods [{method, label}],
     optional y (default test_acc), x (default round), band ("sd", default, or "ci"), max_round (show
-    x <= max_round only) and log_y. Methods without values of y (a statistic they do not log) are left out.
+    x <= max_round only). Methods without values of y (a statistic they do not log) are left out.
     """
     y, x = spec.get("y", "test_acc"), spec.get("x", "round")
     band = spec.get("band", "sd")
@@ -182,8 +182,6 @@ def render_curves(spec: dict, runs: pd.DataFrame, out_stem: Path, summary: pd.Da
                     ax=ax,
                 )
             _draw_diverged(ax, panel, x, y, palette, None if len(settings) == 1 else setting["label"], diverged)
-            if spec.get("log_y"):
-                ax.set_yscale("log")
             if y in PERCENT:  # an sd band around a mean near 100% must not push the axis past 100%
                 low, high = ax.get_ylim()
                 ax.set_ylim(max(low, 0.0), min(high, 100.0))

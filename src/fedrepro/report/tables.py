@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedrepro.config import average_sources, table_cell_method, table_cell_setting, table_shared_run
+from fedrepro.config import average_sources, table_cell, table_cell_method, table_cell_setting
 from fedrepro.report.collect import write_csv_atomic, write_text_atomic
 from fedrepro.report.derived import lower_is_better, metric_key
 from fedrepro.report.deviations import deviation_href, deviations_sentence
@@ -170,10 +170,9 @@ def paper_key(spec: dict, row: dict, column: dict) -> tuple[str, str] | None:
     layout differs from the paper's gives ``paper_key`` format strings over {row[...]} and {col[...]}
     (e.g. a transposed table: {"row": "{col[paper]}", "column": "{row[paper]}"})."""
     fmt = spec.get("paper_key") or {"row": "{row[paper]}", "column": "{col[paper]}"}
-    shared = table_shared_run(row, column)
-    if shared and "paper_column" in shared:
-        # a run shared by several columns sits beside the paper's one number for all of them
-        column = {**column, "paper": shared["paper_column"]}
+    if "paper_column" in (entry := table_cell(row, column)):
+        # e.g. a run shared by several columns sits beside the paper's one number for all of them
+        column = {**column, "paper": entry["paper_column"]}
     present = ({k: v for k, v in row.items() if v is not None}, {k: v for k, v in column.items() if v is not None})
     try:
         return fmt["row"].format(row=present[0], col=present[1]), fmt["column"].format(row=present[0], col=present[1])
@@ -204,6 +203,8 @@ def _build_cells(spec: dict, summary: pd.DataFrame, published: pd.DataFrame | No
             method, setting, metric = cell_method(r, c), table_cell_setting(r, c), metric_key(spec, c)
             cell = _Cell(method, setting, r["label"], c["label"])
             runs = summary[(summary["method"] == method) & (summary["setting"] == setting)]
+            if table_cell(r, c).get("not_applicable"):  # a dash, even where the grid runs the method for another table
+                runs = runs.iloc[0:0]
             if "study" in runs.columns and runs["study"].nunique() > 1:
                 raise ValueError(
                     f"table {spec['name']}: cell ({method}, {setting}) mixes studies "
@@ -268,12 +269,12 @@ def _footnotes(grid: list[list[_Cell]]) -> list[str]:
 
 
 def _shared_run_notes(spec: dict) -> list[str]:
-    """Say which cells repeat one run (a row's ``shared_runs``), so equal numbers across columns read as
-    intended rather than as a copying mistake."""
+    """Say which cells repeat one run (a row's ``cells`` entry naming a `setting`), so equal numbers across columns
+    read as intended rather than as a copying mistake."""
     notes = []
     for r in spec["rows"]:
-        for shared in r.get("shared_runs", []):
-            labels = [c["label"] for c in spec["columns"] if table_shared_run(r, c) is shared]
+        for shared in (e for e in r.get("cells", []) if "setting" in e):
+            labels = [c["label"] for c in spec["columns"] if table_cell(r, c) is shared]
             if len(labels) > 1:
                 notes.append(f"{r['label']}: one run (setting {shared['setting']}) fills {', '.join(labels)}; "
                              "it does not depend on what these columns vary.")
