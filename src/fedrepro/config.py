@@ -10,7 +10,7 @@ import copy
 import itertools
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -283,141 +283,197 @@ def expand_sweeps(study: dict) -> dict[str, list[dict]]:
     return sweeps
 
 
+Problems = Iterator[tuple[str, str]]  # (key path in the study file, what is wrong), in the order they are checked
+
+
 def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
-    """What the schema cannot express: names that must exist (and be usable as folders), tables the grid must
-    produce, hyper-parameters against their method's declared types and ranges (fedrepro.plugins), partitions
-    against their data set's size, [lo, hi] pairs in order, and what each table's source and each figure's kind
-    checks of its own (fedrepro.report.table_sources, fedrepro.report.figure_kinds)."""
+    """What the schema cannot express, raised as a ConfigError naming the file and key of the first problem: names
+    that must exist (and be usable as folders), settings against their data sets and federation, methods'
+    hyper-parameters against their declared types and ranges (fedrepro.plugins) and their own __init__, training
+    values the federation fixes, the runs the grid makes, what each table's and figure's cells need of them, and
+    what each table's source and each figure's kind checks of its own (fedrepro.report.table_sources,
+    fedrepro.report.figure_kinds)."""
+    for check in (_name_problems, _setting_problems, _method_problems, _training_problems, _grid_problems,
+                  _table_problems, _deviation_problems, _figure_problems):
+        for key, problem in check(study):
+            raise ConfigError(f"{source}: {_key_path([p for p in (prefix, key) if p])}: {problem}")
+
+
+def _unknown(key: str, value: str, options: Iterable[str], what: str) -> Problems:
+    if problem := unknown_name(value, options, what):
+        yield key, problem
+
+
+def _name_problems(study: dict) -> Problems:
     from fedrepro.data.registry import DATASETS
-    from fedrepro.federations import federation, hyperparameters_of, methods_of, models_of
-    from fedrepro.plugins import hyperparameter_problems
-    from fedrepro.report.figure_kinds import figure_problems, figure_runs
-    from fedrepro.report.table_sources import table_source
-
-    kind = study["federation"]
-    methods, models = methods_of(kind), models_of(kind)
-
-    def fail(key: str, msg: str) -> None:
-        raise ConfigError(f"{source}: {_key_path([p for p in (prefix, key) if p])}: {msg}")
-
-    def known(key: str, value: str, options, what: str) -> None:
-        if problem := unknown_name(value, options, what):
-            fail(key, problem)
-
-    def under(*keys: str) -> str:  # the key path of a problem a registry names under a table or figure
-        return ".".join(k for k in keys if k)
 
     for names in ("settings", "methods", "tables", "figures"):
         for key in study[names]:
             if problem := name_problem(names, key):
-                fail(names, problem)
+                yield names, problem
     for dataset in study.get("normalize", {}):
-        known(f"normalize.{dataset}", dataset, DATASETS, "data set")
+        yield from _unknown(f"normalize.{dataset}", dataset, DATASETS, "data set")
+
+
+def _setting_problems(study: dict) -> Problems:
+    """Each setting's data sets, partition, model (of its federation) and fine-tuning target."""
+    from fedrepro.data.registry import DATASETS
+    from fedrepro.federations import models_of
+
+    kind = study["federation"]
     for s, setting in study["settings"].items():
-        known(f"settings.{s}.dataset", setting["dataset"], DATASETS, "data set")
+        yield from _unknown(f"settings.{s}.dataset", setting["dataset"], DATASETS, "data set")
         for key, problem in partition_problems(setting):
-            fail(f"settings.{s}.partition.{key}", problem)
-        known(f"settings.{s}.model", setting["model"], models,
-              "model group" if kind == "hetero" else "model")
+            yield f"settings.{s}.partition.{key}", problem
+        yield from _unknown(f"settings.{s}.model", setting["model"], models_of(kind),
+                            "model group" if kind == "hetero" else "model")
         part = setting["partition"]
         need = {"dirichlet": "beta", "pathological": "classes_per_client"}.get(part["kind"])
         if need and need not in part:
-            fail(f"settings.{s}.partition", f"kind {part['kind']!r} needs key {need!r}")
+            yield f"settings.{s}.partition", f"kind {part['kind']!r} needs key {need!r}"
         ood = run_async(study, s)["ood_dataset"]
         if ood is not None:
-            known(f"settings.{s}.async.ood_dataset", ood, DATASETS, "data set")
+            yield from _unknown(f"settings.{s}.async.ood_dataset", ood, DATASETS, "data set")
         if part.get("pool_test") and kind != "hetero":
             # the other engines test on the test split: pooling it into the clients' data would leak it
-            fail(f"settings.{s}.partition.pool_test", "only a `federation: hetero` study tests on the clients' "
-                 "own held-out samples; elsewhere pooling the test split into training leaks it")
+            yield (f"settings.{s}.partition.pool_test", "only a `federation: hetero` study tests on the clients' "
+                   "own held-out samples; elsewhere pooling the test split into training leaks it")
         if "target" in setting:
-            known(f"settings.{s}.target.dataset", setting["target"]["dataset"], DATASETS, "data set")
+            yield from _unknown(f"settings.{s}.target.dataset", setting["target"]["dataset"], DATASETS, "data set")
         elif "finetune" in setting:
-            fail(f"settings.{s}.finetune", "fine-tuning options need a `target` data set")
+            yield f"settings.{s}.finetune", "fine-tuning options need a `target` data set"
+
+
+def _method_problems(study: dict) -> Problems:
+    """Each method's algorithm (of its federation) and hyper-parameters: names, declared types and ranges, and
+    what its __init__ refuses (values that depend on each other), so they stop the run before any job."""
+    from fedrepro.federations import hyperparameters_of, methods_of
+    from fedrepro.plugins import hyperparameter_problems
+
+    kind = study["federation"]
+    methods = methods_of(kind)
     for m, method in study["methods"].items():
-        known(f"methods.{m}.algorithm", method["algorithm"], methods, "algorithm")
+        yield from _unknown(f"methods.{m}.algorithm", method["algorithm"], methods, "algorithm")
         allowed = hyperparameters_of(kind, method["algorithm"])
         for key in method["hparams"]:
             if key not in allowed:
-                fail(f"methods.{m}.hparams", f"{method['algorithm']} has no hyper-parameter {key!r}"
-                     f"{did_you_mean(key, allowed)}; it accepts {sorted(allowed)}")
+                yield (f"methods.{m}.hparams", f"{method['algorithm']} has no hyper-parameter {key!r}"
+                       f"{did_you_mean(key, allowed)}; it accepts {sorted(allowed)}")
         for key, problem in hyperparameter_problems(methods[method["algorithm"]], method["hparams"]).items():
-            fail(f"methods.{m}.hparams.{key}", problem)
-        try:  # what a method checks in its __init__ (values that depend on each other) stops the run here too
+            yield f"methods.{m}.hparams.{key}", problem
+        try:
             methods[method["algorithm"]](**method["hparams"])
         except (ValueError, TypeError) as exc:
-            fail(f"methods.{m}.hparams", f"{method['algorithm']} refuses {method['hparams']}: {exc}")
+            yield f"methods.{m}.hparams", f"{method['algorithm']} refuses {method['hparams']}: {exc}"
+
+
+def _training_problems(study: dict) -> Problems:
+    """[lo, hi] pairs of the training blocks (defaults, per setting, per method) in order."""
     trainings = {"defaults": study["defaults"],
                  **{f"settings.{s}.training": v.get("training", {}) for s, v in study["settings"].items()},
                  **{f"methods.{m}.training": v.get("training", {}) for m, v in study["methods"].items()}}
     for key, training in trainings.items():
         steps = training.get("straggler_steps")
         if steps and steps[0] > steps[1]:
-            fail(f"{key}.straggler_steps", f"{steps}: [lo, hi] needs lo <= hi (a client's local steps are drawn "
-                                           "from lo..hi)")
-    runs = set()
+            yield (f"{key}.straggler_steps", f"{steps}: [lo, hi] needs lo <= hi (a client's local steps are drawn "
+                   "from lo..hi)")
+
+
+def _grid_problems(study: dict) -> Problems:
+    """The grid's names, and each run's training as its federation fixes it and its weighting needs it."""
+    from fedrepro.federations import federation
+
     for i, block in enumerate(study["grid"]):
         for s in block["settings"]:
-            known(f"grid.{i}.settings", s, study["settings"], "setting")
+            yield from _unknown(f"grid.{i}.settings", s, study["settings"], "setting")
         for m in block["methods"]:
-            known(f"grid.{i}.methods", m, study["methods"], "method")
-        runs.update((s, m) for s in block["settings"] for m in block["methods"])
-    fixed = federation(kind).fixed_training
-    for s, m in sorted(runs):
+            yield from _unknown(f"grid.{i}.methods", m, study["methods"], "method")
+    kind = study["federation"]
+    for s, m in sorted(grid_runs(study)):
         training = run_training(study, s, m)
         for problem in probe_weighting_problems(study["methods"][m]["weighting"], training,
                                                 study["settings"][s]["partition"]["clients"]):
-            fail(f"settings.{s} / methods.{m}.weighting", problem)
-        for key, value, why in fixed:
+            yield f"settings.{s} / methods.{m}.weighting", problem
+        for key, value, why in federation(kind).fixed_training:
             if training.get(key, value) != value:
-                fail(f"settings.{s} / methods.{m}: training.{key}",
-                     f"must be {value!r} in a `federation: {kind}` study ({why}), got {training[key]!r}")
+                yield (f"settings.{s} / methods.{m}: training.{key}",
+                       f"must be {value!r} in a `federation: {kind}` study ({why}), got {training[key]!r}")
         if training.get("optimizer") == "adam" and training["momentum"]:
-            fail(f"settings.{s} / methods.{m}: training.momentum",
-                 f"must be 0 with optimizer: adam (Adam's moments are its own), got {training['momentum']!r}")
+            yield (f"settings.{s} / methods.{m}: training.momentum",
+                   f"must be 0 with optimizer: adam (Adam's moments are its own), got {training['momentum']!r}")
+
+
+def _table_problems(study: dict) -> Problems:
+    """Each table's averaging columns, its source's own checks, its rows' `cells`, the grid runs behind its
+    cells, and its claims."""
+    from fedrepro.report.table_sources import table_source
+
+    runs = set(grid_runs(study))
     for t, table in study["tables"].items():
         for j, col in enumerate(table["columns"]):
             for problem in average_column_problems(table, col):
-                fail(f"tables.{t}.columns.{j}", problem)
+                yield f"tables.{t}.columns.{j}", problem
         cells_from = table_source(table["source"])  # its metrics and cells (fedrepro.report.table_sources)
         for key, problem in cells_from.check(study, table):
-            fail(under("tables", t, key), problem)
+            yield ".".join(k for k in ("tables", t, key) if k), problem
         if not cells_from.has_runs:
             continue  # no runs behind its cells
         column_settings = [c["setting"] for c in table["columns"] if "setting" in c]  # not average columns
         for row in table["rows"]:
-            filled: set[str] = set()
-            for i, entry in enumerate(row.get("cells", [])):
-                key = f"tables.{t}.rows.{row['method']}.cells.{i}"
-                run_keys = sorted({"method", "setting", "paper_column"} & set(entry))
-                if entry.get("not_applicable") and run_keys:
-                    fail(key, f"a `not_applicable` cell has no run: drop {run_keys}")
-                if "setting" in entry:
-                    known(f"{key}.setting", entry["setting"], study["settings"], "setting")
-                for s in entry.get("columns", column_settings):
-                    known(f"{key}.columns", s, column_settings, "column setting of the table")
-                    if s in filled:
-                        fail(f"{key}.columns", f"column setting {s!r} is already in another entry of the row's "
-                                               "`cells`")
-                    filled.add(s)
+            yield from _row_cells_problems(study, f"tables.{t}.rows.{row['method']}", row, column_settings)
         for setting, method in table_runs(table):
             if (setting, method) not in runs:
-                fail(f"tables.{t}", f"cell ({method}, {setting}) names a run the grid "
-                     "does not produce; add it to `grid` or remove it from the table")
+                yield (f"tables.{t}", f"cell ({method}, {setting}) names a run the grid "
+                       "does not produce; add it to `grid` or remove it from the table")
             if problem := cells_from.cell_problem(study, setting):
-                fail(f"tables.{t}", problem)
+                yield f"tables.{t}", problem
         for i, claim in enumerate(table["claims"]):
             for problem in claim_problems(claim, table):
-                fail(f"tables.{t}.claims.{i}", problem)
-    for kind, entries in (("tables", study["tables"]), ("figures", study["figures"])):
-        for key, entry in entries.items():
-            check_deviations(entry["deviations"], f"{kind}.{key}.deviations", fail)
+                yield f"tables.{t}.claims.{i}", problem
+
+
+def _row_cells_problems(study: dict, where: str, row: dict, column_settings: list[str]) -> Problems:
+    """A table row's `cells` entries: known settings and columns, each column in one entry at most, and a
+    not_applicable entry naming no run."""
+    filled: set[str] = set()
+    for i, entry in enumerate(row.get("cells", [])):
+        key = f"{where}.cells.{i}"
+        run_keys = sorted({"method", "setting", "paper_column"} & set(entry))
+        if entry.get("not_applicable") and run_keys:
+            yield key, f"a `not_applicable` cell has no run: drop {run_keys}"
+        if "setting" in entry:
+            yield from _unknown(f"{key}.setting", entry["setting"], study["settings"], "setting")
+        for s in entry.get("columns", column_settings):
+            yield from _unknown(f"{key}.columns", s, column_settings, "column setting of the table")
+            if s in filled:
+                yield f"{key}.columns", f"column setting {s!r} is already in another entry of the row's `cells`"
+            filled.add(s)
+
+
+def _deviation_problems(study: dict) -> Problems:
+    """Every id a table or figure names must be a row of docs/deviations.md (its captions link there)."""
+    from fedrepro.report.deviations import PAGE, deviation_ids
+
+    known_ids = deviation_ids()
+    for kind in ("tables", "figures"):
+        for key, entry in study[kind].items():
+            for deviation in entry["deviations"]:
+                if deviation not in known_ids:
+                    yield (f"{kind}.{key}.deviations", f"unknown deviation {deviation!r}"
+                           f"{did_you_mean(deviation, known_ids)}: not a row of {PAGE}; known: {sorted(known_ids)}")
+
+
+def _figure_problems(study: dict) -> Problems:
+    """Each figure's settings and its kind's own checks, and the grid runs it draws."""
+    from fedrepro.report.figure_kinds import figure_problems, figure_runs
+
+    runs = set(grid_runs(study))
     for f, fig in study["figures"].items():
         for key, problem in figure_problems(study, fig):  # its settings, and its kind's own checks
-            fail(under("figures", f, key), problem)
+            yield ".".join(k for k in ("figures", f, key) if k), problem
         for s, m in figure_runs(study, fig):
             if (s, m) not in runs:
-                fail(f"figures.{f}", f"({m}, {s}) is not a run of the grid")
+                yield f"figures.{f}", f"({m}, {s}) is not a run of the grid"
 
 
 def partition_problems(setting: dict) -> list[tuple[str, str]]:
@@ -470,17 +526,6 @@ def probe_weighting_problems(weighting: dict, training: dict, clients: int) -> l
         problems.append(f"kind {kind!r} weights named clients, so every client must be sampled every round "
                         f"(join_ratio 1, got {training['join_ratio']})")
     return problems
-
-
-def check_deviations(ids: list[str], key: str, fail) -> None:
-    """Every id a table or figure names must be a row of docs/deviations.md (its captions link there)."""
-    from fedrepro.report.deviations import PAGE, deviation_ids
-
-    known_ids = deviation_ids()
-    for deviation in ids:
-        if deviation not in known_ids:
-            fail(key, f"unknown deviation {deviation!r}{did_you_mean(deviation, known_ids)}: not a row of {PAGE}; "
-                      f"known: {sorted(known_ids)}")
 
 
 def table_cell(row: dict, column: dict) -> dict:

@@ -16,7 +16,6 @@ from fedrepro.config import (  # noqa: E402
     finetune_spec,
     grid_runs,
     job_resources,
-    label_of,
     resolve_config,
     run_async,
     run_spec,
@@ -25,7 +24,7 @@ from fedrepro.config import (  # noqa: E402
 )
 from fedrepro.data.registry import get_spec, raw_files  # noqa: E402
 from fedrepro.data.weights import weights_of  # noqa: E402
-from fedrepro.report import figure_kinds  # noqa: E402
+from fedrepro.report import figure_kinds, table_sources  # noqa: E402
 from fedrepro.report.captions import figure_caption, table_caption  # noqa: E402
 from fedrepro.report.table_sources import table_source  # noqa: E402
 
@@ -134,22 +133,8 @@ def showcase_caption():
 
 
 def table_spec(study, name):
-    """A table of the study file with labels filled in from the methods and settings, and the study's seeds
-    (each cell's runs must have rows for every one)."""
-    s = STUDIES[study]
-    t = s["tables"][name]
-    return {
-        **t,
-        "name": name,
-        "seeds": list(s["seeds"]),
-        # a simulated table's rows and columns are no study methods or settings: they carry their own labels
-        "rows": [{"label": r["label"] if "label" in r else label_of(s, "methods", r["method"]), "paper": None, **r}
-                 for r in t["rows"]],
-        "columns": [
-            {"label": c["label"] if "label" in c else label_of(s, "settings", c["setting"]), "paper": None, **c}
-            for c in t["columns"]
-        ],
-    }
+    """A table of the study file with labels filled in and the study's seeds: fedrepro.report.table_sources."""
+    return table_sources.table_spec(STUDIES[study], name)
 
 
 def figure_spec(study, name):

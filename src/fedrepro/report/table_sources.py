@@ -99,3 +99,21 @@ def table_source(name: str) -> TableSource:
     if name not in TABLE_SOURCES:
         raise ValueError(f"unknown table source {name!r}; known: {sorted(TABLE_SOURCES)}")
     return TABLE_SOURCES[name]
+
+
+def table_spec(study: dict, name: str) -> dict:
+    """What a table's job renders: the study file's table with row and column labels filled in (from the methods
+    and settings; a computed table's rows and columns are no study methods or settings and carry their own) and
+    the study's seeds (each cell's runs must have rows for every one)."""
+    from fedrepro.config import label_of
+
+    table = study["tables"][name]
+    return {
+        **table,
+        "name": name,
+        "seeds": list(study["seeds"]),
+        "rows": [{"label": r["label"] if "label" in r else label_of(study, "methods", r["method"]), "paper": None,
+                  **r} for r in table["rows"]],
+        "columns": [{"label": c["label"] if "label" in c else label_of(study, "settings", c["setting"]),
+                     "paper": None, **c} for c in table["columns"]],
+    }
