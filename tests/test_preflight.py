@@ -62,6 +62,8 @@ def test_a_paper_group_runs_its_real_path_and_reports_what_it_measured(group):
     assert m["ok"], m.get("traceback", m["error"])
     assert m["status"] == "complete"
     assert m["peak_rss"] > 0 and m["train_s"] > 0 and m["steps"] > 0
+    # a warm round's step, without the start-up, data loading and evaluation the whole run's seconds hold
+    assert 0 < m["step_s"] < m["train_s"] / m["steps"]
     assert m["checkpoint_bytes"] >= 4 * m["params"]  # at least the model itself was checkpointed
     assert (m["finetune_s"] is not None) == (group.finetune is not None)
     p = project(group.jobs[0], m, False, 40, 60, 1.5)
@@ -138,3 +140,17 @@ def test_an_unpinned_file_or_a_bad_address_is_named(monkeypatch):
     assert problems == [f"cinic10: raw file {spec.files[0]} has no pinned md5 or sha256 beside it in its instructions",
                         "cinic10: 'ftp://example.org/cinic.tar.gz' is no http(s) address"]
     assert "2 problem(s):\n- cinic10: raw file" in preflight.data_set_section(["cinic10"], problems)
+
+
+def test_seconds_per_step_come_from_the_last_rounds_training_seconds(tmp_path):
+    from fedrepro.preflight import step_seconds, warm_step_seconds
+
+    metrics = tmp_path / "metrics.csv"
+    # cumulative training seconds: a cold first round (CUDA start, kernel choice), then a warm one of 4 steps
+    metrics.write_text("round,test_acc,seconds\n1,10.0,5.0\n2,20.0,5.2\n")
+    assert warm_step_seconds(metrics, 4) == pytest.approx(0.05)
+    metrics.write_text("round,test_acc,seconds\n1,10.0,5.0\n")
+    assert warm_step_seconds(metrics, 4) is None
+    # measurements kept from before: the whole run's seconds over its steps
+    assert step_seconds({"step_s": None, "train_s": 10.0, "steps": 8}) == pytest.approx(1.25)
+    assert step_seconds({"step_s": 0.05, "train_s": 10.0, "steps": 8}) == pytest.approx(0.05)
