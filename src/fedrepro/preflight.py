@@ -19,9 +19,10 @@ real client count and partition kind, each client holding about one batch, in a 
 - the jobs of the group that would exceed mem_mb or runtime, by name.
 
 Shortcuts taken, so a whole config fits minutes on a laptop (each one stated in the table's header): two
-rounds, every update on time (async delays 0, so the server's merge and search run), the in-domain server set
-and the out-of-domain set at two chunks, and a batch cut to ``--max-batch-flops`` per step (activations are
-then projected linearly from the bytes autograd saves per sample, which is what scales with the batch).
+rounds (the second timed: ``warm_step_seconds``), every update on time (async
+delays 0, so the server's merge and search run), the in-domain server set and the out-of-domain set at two
+chunks, and a batch cut to ``--max-batch-flops`` per step (activations are then projected linearly from the
+bytes autograd saves per sample, which is what scales with the batch; the test set is then two server sets).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from fedrepro.cost import model_input
 from fedrepro.io import atomic_write_json
 
 PREFLIGHT_ROUNDS = 2
+HETERO_BATCHES = 4  # batches a hetero client holds in a preflight run (75% of them train)
 SERVER_SAMPLES = 64  # the in-domain server set and the OOD set of the preflight (two batches where the batch is cut)
 MIB = 1 << 20
 
@@ -162,10 +164,11 @@ def write_synthetic(path: Path, dataset: str, x_rows: int, labels: np.ndarray, t
     return save_prepared(path, x(len(labels)), labels, x(len(y_test)), y_test, meta, extras)
 
 
-def synthetic_inputs(spec: dict, seed: int, workdir: Path) -> tuple[Path, Path]:
+def synthetic_inputs(spec: dict, seed: int, workdir: Path, test_rows: int = 2 * SERVER_SAMPLES) -> tuple[Path, Path]:
     """(prepared data, partition) for one preflight run: the partition is drawn with the real spec over the
     real number of samples (labels only), then each client keeps about one batch of its samples, and the data
-    set holds just those samples, re-indexed."""
+    set holds just those samples, re-indexed, and ``test_rows`` test samples (an async server set is carved
+    from them)."""
     from fedrepro.partition import make_partition, partition_stats, save_partition
 
     n, _, classes = data_shape(spec["dataset"])
@@ -184,18 +187,25 @@ def synthetic_inputs(spec: dict, seed: int, workdir: Path) -> tuple[Path, Path]:
     hetero = spec["federation"] == "hetero"
     # one local step each; hetero clients keep 75% of their samples for training and FedL2G a quiz set of up
     # to half of those, so they get four batches (a quiz or study batch of one sample would trip BatchNorm)
-    keep = spec["training"]["batch_size"] * (4 if hetero else 1)
+    keep = spec["training"]["batch_size"] * (HETERO_BATCHES if hetero else 1)
     kept = [p[:keep] for p in parts]
     rows = np.concatenate(kept)
     remap = np.full(len(labels), -1, dtype=np.int64)
     remap[rows] = np.arange(len(rows))
     small = [remap[p] for p in kept]
     data = workdir / f"{spec['dataset']}.npz"
-    write_synthetic(data, spec["dataset"], len(rows), labels[rows], test_rows=SERVER_SAMPLES * 2,
+    write_synthetic(data, spec["dataset"], len(rows), labels[rows], test_rows=test_rows,
                     groups=None if groups is None else groups[rows])
     partition = workdir / "partition.npz"
     save_partition(partition, small, partition_stats(small, labels[rows], classes), spec["partition"])
     return data, partition
+
+
+def server_rows(batch: int, cut: bool) -> int:
+    """Samples of an async server set, and half the test set, of a preflight run: ``SERVER_SAMPLES``, or with
+    the batch cut two batches (a server pass costs a client step per batch, and every evaluation a forward per
+    sample: a ViT at 224 on a CPU)."""
+    return min(SERVER_SAMPLES, max(4, 2 * batch)) if cut else SERVER_SAMPLES
 
 
 def preflight_spec(spec: dict, max_batch: int | None, max_clients: int | None = None) -> dict:
@@ -206,6 +216,8 @@ def preflight_spec(spec: dict, max_batch: int | None, max_clients: int | None = 
     join = spec["training"]["join_ratio"]
     if max_clients and round(join * clients) > max_clients:
         join = max_clients / clients
+    # every round evaluated: a run's metrics hold a row per evaluation, and the second round's training seconds
+    # (warm_step_seconds) are the difference of two rows
     training = {**spec["training"], "rounds": PREFLIGHT_ROUNDS, "local_epochs": 1, "eval_every": 1,
                 "checkpoint_every": PREFLIGHT_ROUNDS, "early_stop": 0, "join_ratio": join}
     if spec["training"].get("straggler_steps"):
@@ -214,8 +226,7 @@ def preflight_spec(spec: dict, max_batch: int | None, max_clients: int | None = 
         training["batch_size"] = min(training["batch_size"], max_batch)
     out = {**spec, "training": training, "study": "preflight"}
     if "async" in spec:
-        # a server pass costs a client step per batch: with the batch cut, two of them (a ViT at 224 on a CPU)
-        server = SERVER_SAMPLES if not max_batch else min(SERVER_SAMPLES, max(4, 2 * training["batch_size"]))
+        server = server_rows(training["batch_size"], cut=bool(max_batch))
         out["async"] = {**spec["async"], "delay_sigma": 0, "server_samples": server,
                         **({"ood_samples": server} if spec["async"].get("ood_dataset") else {})}
     return out
@@ -293,7 +304,7 @@ def run_group(group: Group, device: str, max_batch_flops: float, workdir: Path, 
     # at least 2: BatchNorm in train mode refuses a batch of one where a feature map is 1x1
     batch = real_batch if math.isinf(max_batch_flops) else min(real_batch, max(2, int(max_batch_flops // flops)))
     run = preflight_spec(spec, batch if batch < real_batch else None, max_clients)
-    data, partition = synthetic_inputs(run, 0, workdir)
+    data, partition = synthetic_inputs(run, 0, workdir, 2 * server_rows(batch, cut=batch < real_batch))
     if run.get("async", {}).get("ood_dataset"):
         ood = run["async"]["ood_dataset"]
         labels = np.arange(run["async"]["ood_samples"]) % data_shape(ood)[2]
@@ -311,11 +322,15 @@ def run_group(group: Group, device: str, max_batch_flops: float, workdir: Path, 
     disk = job_footprint(ckpt, {0: index.parent / "seed0"})
     finetune_s = None
     if group.finetune is not None:
-        ft = {**group.finetune, "finetune": {**group.finetune["finetune"], "epochs": 1,
-                                            "max_train_samples": 2 * group.finetune["finetune"]["batch_size"]}}
+        # two steps, at the pre-training's cut batch where it was cut (FedGTST's 128 at 64x64 on a CPU)
+        ft_batch = group.finetune["finetune"]["batch_size"]
+        ft_batch = min(ft_batch, batch) if batch < real_batch else ft_batch
+        ft = {**group.finetune, "finetune": {**group.finetune["finetune"], "epochs": 1, "batch_size": ft_batch,
+                                            "max_train_samples": 2 * ft_batch}}
         target = workdir / f"{ft['target']}.npz"
         n_t = 4 * ft["finetune"]["batch_size"]
-        write_synthetic(target, ft["target"], n_t, np.arange(n_t) % data_shape(ft["target"])[2], test_rows=64)
+        write_synthetic(target, ft["target"], n_t, np.arange(n_t) % data_shape(ft["target"])[2],
+                        test_rows=server_rows(batch, cut=batch < real_batch))
         t1 = time.perf_counter()
         pipeline.finetune(ft, index, data, target, ckpt, workdir / "finetune" / "seeds.json", device, 1,
                           lines.append)
@@ -335,13 +350,15 @@ def run_group(group: Group, device: str, max_batch_flops: float, workdir: Path, 
 
 
 def round_steps(run: dict) -> int:
-    """Local steps in one round of the preflight run: each sampled client one batch."""
-    return max(1, round(run["training"]["join_ratio"] * run["partition"]["clients"]))
+    """Local steps in one round of the preflight run: each sampled client one batch (a hetero client the
+    three of its four batches it trains on: ``synthetic_inputs``)."""
+    per_client = HETERO_BATCHES * 3 // 4 if run["federation"] == "hetero" else 1
+    return per_client * max(1, round(run["training"]["join_ratio"] * run["partition"]["clients"]))
 
 
 def preflight_steps(run: dict) -> int:
-    """Local steps the preflight run takes: each sampled client one batch per round (plus every client in
-    an evaluation round with Feddle's true update)."""
+    """Local steps the preflight run takes: ``round_steps`` a round (plus every client in an evaluation round
+    with Feddle's true update)."""
     steps = PREFLIGHT_ROUNDS * round_steps(run)
     if run.get("async", {}).get("true_update"):
         steps += PREFLIGHT_ROUNDS * run["partition"]["clients"]
