@@ -301,8 +301,10 @@ def run_group(group: Group, device: str, max_batch_flops: float, workdir: Path, 
     # per sample, from a batch of 2 (BatchNorm in train mode needs more than one)
     flops = step_flops(spec["model"], shape, data_shape(spec["dataset"])[2], 2,
                        group_of=spec["partition"]["clients"] if spec["federation"] == "hetero" else 0) / 2
-    # at least 2: BatchNorm in train mode refuses a batch of one where a feature map is 1x1
-    batch = real_batch if math.isinf(max_batch_flops) else min(real_batch, max(2, int(max_batch_flops // flops)))
+    # at least 2 where the model has BatchNorm (in train mode it refuses a batch of one where a feature map is
+    # 1x1); a ViT's step at 224 on a CPU is ~5 s a sample, so it runs one
+    floor = 2 if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()) else 1
+    batch = real_batch if math.isinf(max_batch_flops) else min(real_batch, max(floor, int(max_batch_flops // flops)))
     run = preflight_spec(spec, batch if batch < real_batch else None, max_clients)
     data, partition = synthetic_inputs(run, 0, workdir, 2 * server_rows(batch, cut=batch < real_batch))
     if run.get("async", {}).get("ood_dataset"):
