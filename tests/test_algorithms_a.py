@@ -1,4 +1,4 @@
-"""FedAvgM, FedNova and SCAFFOLD: each against its defining property, checked by hand from client deltas."""
+"""FedAvgM, FedAdam, FedNova and SCAFFOLD: each against its defining property, checked by hand from client deltas."""
 
 from __future__ import annotations
 
@@ -69,6 +69,42 @@ def test_fedavgm_applies_server_momentum(small_data, parts):
     run.run()
     assert torch.allclose(run.alg.state["v"], v2, atol=1e-6)
     assert torch.allclose(run.flat.w, w2, atol=1e-6)
+
+
+# ----- FedAdam
+def test_fedadam_applies_adam_to_the_mean_update_on_the_server(small_data, parts):
+    eta, b1, b2, tau = 0.05, 0.9, 0.99, 1e-3
+    run = make_run(small_data, parts, "fedadam", {"eta": eta, "beta1": b1, "beta2": b2, "tau": tau})
+    w0 = run.flat.w.clone()
+    p = size_weights(parts)
+
+    def average(rnd, w):
+        return sum(float(pk) * d for pk, d in zip(p, local_deltas(small_data, parts, rnd, w), strict=True))
+
+    m, v, w = torch.zeros_like(w0), torch.zeros_like(w0), w0
+    for rnd in (1, 2):  # Reddi et al.'s Algorithm 2, written out
+        delta = average(rnd, w)
+        m = b1 * m + (1 - b1) * delta
+        v = b2 * v + (1 - b2) * delta**2
+        w = w + eta * m / (v.sqrt() + tau)
+    run.run()
+    assert torch.allclose(run.alg.state["m"], m, atol=1e-7) and torch.allclose(run.alg.state["v"], v, atol=1e-9)
+    assert torch.allclose(run.flat.w, w, atol=1e-5)
+
+
+def test_fedadams_first_step_moves_every_coordinate_by_about_eta_times_one_minus_beta1(small_data, parts):
+    # m = (1 - b1) d, v = (1 - b2) d^2: each step is eta (1 - b1) / sqrt(1 - b2) * sign(d) where |d| >> tau
+    eta, b1, b2 = 0.01, 0.9, 0.99
+    run = make_run(small_data, parts, "fedadam", {"eta": eta, "beta1": b1, "beta2": b2, "tau": 1e-12},
+                   cfg=dataclasses.replace(CFG, rounds=1))
+    w0 = run.flat.w.clone()
+    run.run()
+    step = (run.flat.w - w0).abs()
+    expected = eta * (1 - b1) / (1 - b2) ** 0.5
+    # every coordinate that moved, up to float32's rounding of w0 + step (and a few where d^2 underflows)
+    moved = step[step > 0]
+    assert ((moved - expected).abs() <= 1e-2 * expected).float().mean() > 0.99
+    assert moved.max() <= expected * 1.01
 
 
 # ----- FedNova
@@ -185,7 +221,7 @@ def test_scaffold_correction_moves_each_step_by_lr_times_c_minus_ck(momentum):
 
 
 # ----- every method
-@pytest.mark.parametrize("algorithm", ["fedavgm", "fednova", "scaffold"])
+@pytest.mark.parametrize("algorithm", ["fedavgm", "fedadam", "fednova", "scaffold"])
 def test_state_survives_a_checkpoint(small_data, parts, tmp_path, algorithm):
     cfg = dataclasses.replace(CFG, rounds=3, checkpoint_every=1)
     full = make_run(small_data, parts, algorithm, cfg=cfg).run()

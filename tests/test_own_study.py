@@ -48,7 +48,7 @@ def test_the_dry_run_of_the_example_has_only_its_jobs(tmp_path) -> None:
     proc = snakemake("-n", "--directory", str(tmp_path), "--configfile", str(EXAMPLE))
     assert proc.returncode == 0, proc.stderr
     counts = job_counts(proc.stdout)
-    assert counts["train"] == 2 and counts["aggregate"] == 1 and counts["scorecard"] == 1
+    assert counts["train"] == 3 and counts["aggregate"] == 1 and counts["scorecard"] == 1
     assert "showcase" not in counts
 
 
