@@ -142,6 +142,6 @@ def write_inputs(study: dict, paths: Iterable[str | Path], runs: Iterable[tuple[
 def table_extras(table: dict) -> list[str]:
     """The per-round columns a table's cells derive from runs.csv (metrics not in summary.csv)."""
     from fedrepro.report.derived import SUMMARY_METRICS
+    from fedrepro.report.table_sources import table_metrics
 
-    metrics = {table["metric"], *(c["metric"] for c in table["columns"] if "metric" in c)}
-    return sorted(m for m in metrics if m not in SUMMARY_METRICS and m != "rounds_to_acc")
+    return sorted(m for m in table_metrics(table) if m not in SUMMARY_METRICS and m != "rounds_to_acc")

@@ -305,8 +305,9 @@ def run_group(group: Group, device: str, max_batch_flops: float, workdir: Path, 
     # 1x1); a ViT's step at 224 on a CPU is ~5 s a sample, so it runs one
     floor = 2 if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()) else 1
     batch = real_batch if math.isinf(max_batch_flops) else min(real_batch, max(floor, int(max_batch_flops // flops)))
-    run = preflight_spec(spec, batch if batch < real_batch else None, max_clients)
-    data, partition = synthetic_inputs(run, 0, workdir, 2 * server_rows(batch, cut=batch < real_batch))
+    cut = batch < real_batch
+    run = preflight_spec(spec, batch if cut else None, max_clients)
+    data, partition = synthetic_inputs(run, 0, workdir, 2 * server_rows(batch, cut))
     if run.get("async", {}).get("ood_dataset"):
         ood = run["async"]["ood_dataset"]
         labels = np.arange(run["async"]["ood_samples"]) % data_shape(ood)[2]
@@ -326,13 +327,13 @@ def run_group(group: Group, device: str, max_batch_flops: float, workdir: Path, 
     if group.finetune is not None:
         # two steps, at the pre-training's cut batch where it was cut (FedGTST's 128 at 64x64 on a CPU)
         ft_batch = group.finetune["finetune"]["batch_size"]
-        ft_batch = min(ft_batch, batch) if batch < real_batch else ft_batch
+        ft_batch = min(ft_batch, batch) if cut else ft_batch
         ft = {**group.finetune, "finetune": {**group.finetune["finetune"], "epochs": 1, "batch_size": ft_batch,
                                             "max_train_samples": 2 * ft_batch}}
         target = workdir / f"{ft['target']}.npz"
         n_t = 4 * ft["finetune"]["batch_size"]
         write_synthetic(target, ft["target"], n_t, np.arange(n_t) % data_shape(ft["target"])[2],
-                        test_rows=server_rows(batch, cut=batch < real_batch))
+                        test_rows=server_rows(batch, cut))
         t1 = time.perf_counter()
         pipeline.finetune(ft, index, data, target, ckpt, workdir / "finetune" / "seeds.json", device, 1,
                           lines.append)

@@ -53,12 +53,16 @@ def _read_runs(spec: dict, cells_csv: Path | None, runs_csv: Path | None) -> pd.
     return add_derived(spec, read_aggregate(cells_csv, cells, seeds), read_aggregate(runs_csv, cells, seeds))
 
 
+def table_metrics(table: dict) -> set[str]:
+    """The metrics a table shows: its own and its columns' (the names a study file gives, before derivation)."""
+    return {table["metric"], *(c["metric"] for c in table["columns"] if "metric" in c)}
+
+
 def _run_metric_problems(table: dict, from_finetune: bool) -> Problems:
     """A table of runs shows no simulated bound, and target_* metrics exactly when its runs are fine-tunings."""
     if table["metric"] == "bound":
         return [("metric", "the metric 'bound' exists only in a `source: simulation` table")]
-    metrics = {table["metric"], *(c["metric"] for c in table["columns"] if "metric" in c)}
-    wrong = sorted(m for m in metrics if m.startswith("target_") != from_finetune)
+    wrong = sorted(m for m in table_metrics(table) if m.startswith("target_") != from_finetune)
     if wrong:
         return [("", f"metric {wrong[0]!r} does not exist for `source: {table['source']}` (target_* metrics come "
                      "from fine-tuning, `source: finetune`; the others from pre-training)")]
