@@ -76,8 +76,9 @@ def test_a_misspelt_published_column_still_warns(tmp_path):
     runs = pd.DataFrame(cost_rows("fedl2g_f", 0, [1, 4], warmup=1) + cost_rows("fedl2g_f", 1, [1, 4], warmup=1)
                         + cost_rows("fedproto", 0, [3, 3], warmup=None) + cost_rows("fedproto", 1, [3, 3], None))
     derived = add_derived(spec, summary(["fedproto", "fedl2g_f"]), runs)
-    with pytest.warns(UserWarning, match="no published cell"):
+    with pytest.warns(UserWarning, match="no published cell") as caught:
         render_table(spec, derived, load_published(PUBLISHED), tmp_path / "t", "paper")
+    assert any("Computation (s) | Clinet" in str(w.message) for w in caught)  # the warning names the column
 
 
 def test_a_phase_needs_a_mean_over_rows():
