@@ -41,9 +41,14 @@ class ConfigError(ValueError):
     """A config or study file that cannot be used; the message says where and why."""
 
 
+# libyaml's parser where PyYAML was built with it: the pure-Python one took a quarter second of every snakemake
+# start on the schemas alone
+_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 @cache
 def _schema(name: str) -> dict:
-    return yaml.safe_load((SCHEMAS / f"{name}.schema.yaml").read_text())
+    return yaml.load((SCHEMAS / f"{name}.schema.yaml").read_text(), Loader=_SafeLoader)  # noqa: S506 (safe)
 
 
 def _with_defaults(cls):
@@ -95,7 +100,7 @@ def validate(instance: dict, schema_name: str, source: str, prefix: str = "") ->
     return instance
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+class _UniqueKeyLoader(_SafeLoader):
     """A YAML loader that refuses a key given twice in one mapping: plain YAML keeps the last silently, so a
     study file's second `deviations:` (or `rounds:`) would quietly replace the first."""
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-from scipy.stats import kendalltau
 
 from fedrepro.config import column_refs
 from fedrepro.report.collect import MACHINE, write_text_atomic
@@ -306,6 +305,10 @@ def _n_places(spec: dict, claim: dict) -> int:
 
 def _rank_tau(ours: list[list[float]], paper: list[list[float]]) -> float:
     """Mean over columns of Kendall's tau between our and the published means (rows with both)."""
+    # imported here: scipy.stats takes ~0.75 s to import, and every snakemake start (which reads this module
+    # through the captions) would pay it
+    from scipy.stats import kendalltau
+
     taus = []
     for j in range(len(ours[0]) if ours else 0):
         pairs = [(o[j], p[j]) for o, p in zip(ours, paper, strict=True) if not (math.isnan(o[j]) or math.isnan(p[j]))]
