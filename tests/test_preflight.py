@@ -154,3 +154,37 @@ def test_seconds_per_step_come_from_the_last_rounds_training_seconds(tmp_path):
     # measurements kept from before: the whole run's seconds over its steps
     assert step_seconds({"step_s": None, "train_s": 10.0, "steps": 8}) == pytest.approx(1.25)
     assert step_seconds({"step_s": 0.05, "train_s": 10.0, "steps": 8}) == pytest.approx(0.05)
+
+
+def test_server_passes_run_one_epoch_and_nothing_else_of_a_method_changes():
+    feddle = next(g.spec for g in GROUPS if g.spec["algorithm"] == "feddle")
+    center = next(g.spec for g in GROUPS if g.spec["algorithm"] == "center")
+    assert feddle["hparams"]["epochs"] == 10 and center["hparams"]["epochs"] == 20
+    run = preflight.preflight_spec(feddle, None)
+    assert run["hparams"]["epochs"] == 1 and run["hparams"]["head_epochs"] == 1  # head_epochs: the default, 10
+    assert {k: v for k, v in run["hparams"].items() if not k.endswith("epochs")} == \
+        {k: v for k, v in feddle["hparams"].items() if not k.endswith("epochs")}
+    assert preflight.one_pass(center)["epochs"] == 1
+    no_head = {**feddle, "hparams": {**feddle["hparams"], "head_epochs": 0}}
+    assert preflight.one_pass(no_head)["head_epochs"] == 0  # off stays off
+    fedavg = next(g.spec for g in GROUPS if g.spec["algorithm"] == "fedavg")
+    assert preflight.one_pass(fedavg) == fedavg["hparams"]
+
+
+def test_model_facts_are_built_once_per_model_and_read_back_from_the_cache(tmp_path, monkeypatch):
+    import fedrepro.cost
+
+    cnn = [g.spec for g in GROUPS if g.spec["model"] == "simple_cnn"]
+    spec = cnn[0]
+    first = preflight.model_facts(spec, tmp_path)
+    assert first == preflight.model_facts(spec)  # what is cached is what a build gives
+    assert first["params"] >= first["trained"] > 0 and first["flops_per_sample"] > 0 and first["act_per_sample"] > 0
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("built again")
+
+    monkeypatch.setattr(fedrepro.cost, "build_members", no_build)
+    assert preflight.model_facts(spec, tmp_path) == first
+    other = next(s for s in cnn if preflight.model_input(s) != preflight.model_input(spec))  # Fashion-MNIST's 28x28
+    with pytest.raises(AssertionError, match="built again"):  # another input is another model
+        preflight.model_facts(other, tmp_path)

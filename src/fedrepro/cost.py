@@ -45,13 +45,31 @@ def step_flops(model_name: str, shape: tuple[int, ...], classes: int, batch: int
     """FLOPs of one SGD step (forward + backward) of ``model_name`` on a batch; with ``group_of`` = K clients,
     ``model_name`` is a model group and the step is the mean over the K clients' architectures (i mod X);
     with ``backward`` False, of the forward pass alone."""
-    if group_of:
+    return models_step_flops(build_members(model_name, shape, classes, bool(group_of)), model_name, shape, batch,
+                             group_of, backward)
+
+
+def build_members(model_name: str, shape: tuple[int, ...], classes: int, group: bool,
+                  **kwargs: object) -> dict[str, torch.nn.Module]:
+    """``model_name`` built for ``shape`` and ``classes`` (``kwargs`` to ``build_model``): {name: model}, or for a
+    model group each distinct architecture of it."""
+    if group:
         from fedrepro.models.groups import build_arch, group_members
 
+        return {m: build_arch(m, shape, classes) for m in dict.fromkeys(group_members(model_name))}
+    return {model_name: build_model(model_name, shape, classes, **kwargs)}
+
+
+def models_step_flops(models: dict[str, torch.nn.Module], model_name: str, shape: tuple[int, ...], batch: int,
+                      group_of: int = 0, backward: bool = True) -> float:
+    """``step_flops`` of models already built (``build_members``)."""
+    if group_of:
+        from fedrepro.models.groups import group_members
+
         members = group_members(model_name)
-        flops = {m: _flops(build_arch(m, shape, classes), shape, batch, False, backward) for m in set(members)}
+        flops = {m: _flops(model, shape, batch, False, backward) for m, model in models.items()}
         return sum(flops[members[i % len(members)]] for i in range(group_of)) / group_of
-    return _flops(build_model(model_name, shape, classes), shape, batch, model_name in TEXT_MODELS, backward)
+    return _flops(models[model_name], shape, batch, model_name in TEXT_MODELS, backward)
 
 
 def _flops(model: torch.nn.Module, shape: tuple[int, ...], batch: int, text: bool, backward: bool = True) -> float:

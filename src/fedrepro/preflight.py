@@ -19,15 +19,17 @@ real client count and partition kind, each client holding about one batch, in a 
 - the jobs of the group that would exceed mem_mb or runtime, by name.
 
 Shortcuts taken, so a whole config fits minutes on a laptop (each one stated in the table's header): two
-rounds (the second timed: ``warm_step_seconds``), every update on time (async
-delays 0, so the server's merge and search run), the in-domain server set and the out-of-domain set at two
-chunks, and a batch cut to ``--max-batch-flops`` per step (activations are then projected linearly from the
+rounds (the second timed: ``warm_step_seconds``), every update on time (async delays 0, so the server's merge
+and search run), every count of server epochs at one (``one_pass``), the in-domain server set and the
+out-of-domain set at two chunks, each model's facts (FLOPs, saved bytes) measured once per preflight
+(``model_facts``), and a batch cut to ``--max-batch-flops`` per step (activations are then projected linearly from the
 bytes autograd saves per sample, which is what scales with the batch; the test set is then two server sets).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import multiprocessing as mp
@@ -224,12 +226,28 @@ def preflight_spec(spec: dict, max_batch: int | None, max_clients: int | None = 
         training["straggler_steps"] = [1, 2]
     if max_batch:
         training["batch_size"] = min(training["batch_size"], max_batch)
-    out = {**spec, "training": training, "study": "preflight"}
+    out = {**spec, "training": training, "study": "preflight", "hparams": one_pass(spec)}
     if "async" in spec:
         server = server_rows(training["batch_size"], cut=bool(max_batch))
         out["async"] = {**spec["async"], "delay_sigma": 0, "server_samples": server,
                         **({"ood_samples": server} if spec["async"].get("ood_dataset") else {})}
     return out
+
+
+def one_pass(spec: dict) -> dict:
+    """The method's hyper-parameters with every count of server passes (``epochs``, ``*_epochs``: Center's 20,
+    Feddle's 10 search and 10 head epochs, Fed+FT's, FedDF's, HFCL's, FedGH's) at most one: each further pass
+    repeats the same tensors, so it adds no memory, and its time is counted by ``fedrepro.cost``'s model of the
+    server passes, not measured here (a ViT's 10 server epochs took 69 of a group's 87 s on a CPU)."""
+    from fedrepro.federations import hyperparameters_of
+
+    defaults = hyperparameters_of(spec["federation"], spec["algorithm"])
+    hparams = dict(spec["hparams"])
+    for name, default in defaults.items():
+        value = hparams.get(name, default)
+        if (name == "epochs" or name.endswith("_epochs")) and isinstance(value, int) and value > 1:
+            hparams[name] = 1
+    return hparams
 
 
 # ----- measuring one group in a process of its own
@@ -251,18 +269,39 @@ def saved_bytes_per_sample(model, shape: tuple[int, ...], text: bool) -> float:
     return sum(b for ptr, b in seen.items() if ptr not in ptrs) / 2
 
 
-def build_spec_model(spec: dict):
-    """The setting's model (for a model group, its largest member) and its input shape."""
-    from fedrepro.models import build_model
+def model_facts(spec: dict, cache: Path | None = None) -> dict:
+    """What the preflight needs of a setting's model, from one build of it: parameters and trained parameters
+    (for a model group, of its largest member), forward+backward FLOPs per sample (a group's: the mean over its
+    clients' architectures), autograd's saved bytes per sample, and whether it has BatchNorm. Kept in ``cache``
+    (a folder shared by the groups of one preflight) by model, input and clients: 48 groups of paper.yaml share
+    six HtFE8 builds, whose 8 architectures and FLOP count took ~8 s of each group's ~36 s."""
+    import torch
+
+    from fedrepro.cost import build_members, models_step_flops
+    from fedrepro.models import TEXT_MODELS
 
     shape, classes = model_input(spec)
-    if spec["federation"] == "hetero":
-        from fedrepro.models.groups import build_arch, group_members
-
-        models = [build_arch(m, shape, classes) for m in set(group_members(spec["model"]))]
-        return max(models, key=lambda m: sum(p.numel() for p in m.parameters())), shape
+    group_of = spec["partition"]["clients"] if spec["federation"] == "hetero" else 0
+    key = json.dumps([spec["model"], shape, classes, group_of])
+    path = cache / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json" if cache else None
+    if path and path.exists():
+        return json.loads(path.read_text())
     kwargs = {"vocab_size": 30_000} if len(shape) == 1 else {}
-    return build_model(spec["model"], shape, classes, **kwargs), shape
+    models = build_members(spec["model"], shape, classes, bool(group_of), **kwargs)
+    model = max(models.values(), key=lambda m: sum(p.numel() for p in m.parameters()))
+    facts = {
+        "params": sum(p.numel() for p in model.parameters()),
+        # what travels and what a method keeps per client: the trained parameters (a LoRA ViT's frozen backbone
+        # is in no vector, sim/flat.py)
+        "trained": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        # per sample, from a batch of 2 (BatchNorm in train mode needs more than one)
+        "flops_per_sample": models_step_flops(models, spec["model"], shape, 2, group_of) / 2,
+        "act_per_sample": saved_bytes_per_sample(model, shape, spec["model"] in TEXT_MODELS),
+        "batchnorm": any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()),
+    }
+    if path:
+        atomic_write_json(path, facts)
+    return facts
 
 
 def state_bytes_per_client(spec: dict, params: int) -> int:
@@ -281,29 +320,23 @@ def state_on_host(spec: dict) -> bool:
     return bool(getattr(methods_of(spec["federation"])[spec["algorithm"]], "host_state", ()))
 
 
-def run_group(group: Group, device: str, max_batch_flops: float, workdir: Path, max_clients: int | None = None) -> dict:
-    """Run one group's preflight in this process (a forked child) and return its measurements."""
+def run_group(group: Group, device: str, max_batch_flops: float, workdir: Path, max_clients: int | None = None,
+              facts_cache: Path | None = None) -> dict:
+    """Run one group's preflight in this process (a forked child) and return its measurements
+    (``facts_cache``: ``model_facts``'s folder)."""
     import torch
 
     from fedrepro import pipeline
-    from fedrepro.cost import step_flops
-    from fedrepro.models import TEXT_MODELS
     from fedrepro.sim.checkpoint import job_footprint
 
     torch.set_num_threads(1)
     spec = group.spec
     real_batch = spec["training"]["batch_size"]
-    model, shape = build_spec_model(spec)
-    params = sum(p.numel() for p in model.parameters())
-    # what travels and what a method keeps per client: the trained parameters (a LoRA ViT's frozen backbone
-    # is in no vector, sim/flat.py)
-    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    # per sample, from a batch of 2 (BatchNorm in train mode needs more than one)
-    flops = step_flops(spec["model"], shape, data_shape(spec["dataset"])[2], 2,
-                       group_of=spec["partition"]["clients"] if spec["federation"] == "hetero" else 0) / 2
+    facts = model_facts(spec, facts_cache)
+    flops = facts["flops_per_sample"]
     # at least 2 where the model has BatchNorm (in train mode it refuses a batch of one where a feature map is
     # 1x1); a ViT's step at 224 on a CPU is ~5 s a sample, so it runs one
-    floor = 2 if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()) else 1
+    floor = 2 if facts["batchnorm"] else 1
     batch = real_batch if math.isinf(max_batch_flops) else min(real_batch, max(floor, int(max_batch_flops // flops)))
     cut = batch < real_batch
     run = preflight_spec(spec, batch if cut else None, max_clients)
@@ -340,13 +373,13 @@ def run_group(group: Group, device: str, max_batch_flops: float, workdir: Path, 
         finetune_s = time.perf_counter() - t1
     summary = json.loads((workdir / "runs" / "seed0" / "summary.json").read_text())
     return {
-        "status": summary["status"], "batch": batch, "params": params, "flops_per_sample": flops,
+        "status": summary["status"], "batch": batch, "params": facts["params"], "flops_per_sample": flops,
         "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "peak_gpu": torch.cuda.max_memory_allocated() if cuda else None,
         "train_s": train_s, "finetune_s": finetune_s, "checkpoint_bytes": disk.checkpoint_bytes,
         "kept_bytes": disk.kept_bytes,
-        "act_per_sample": saved_bytes_per_sample(model, shape, spec["model"] in TEXT_MODELS),
-        "trained": trained, "state_per_client": state_bytes_per_client(spec, trained),
+        "act_per_sample": facts["act_per_sample"],
+        "trained": facts["trained"], "state_per_client": state_bytes_per_client(spec, facts["trained"]),
         "steps": preflight_steps(run),
         "step_s": warm_step_seconds(workdir / "runs" / "seed0" / "metrics.csv", round_steps(run)),
     }
@@ -397,10 +430,12 @@ def torch_cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def _child(group: Group, device: str, max_batch_flops: float, max_clients: int | None, conn) -> None:
+def _child(group: Group, device: str, max_batch_flops: float, max_clients: int | None, conn,
+           scratch: Path | None = None) -> None:
     try:
-        with tempfile.TemporaryDirectory(prefix="preflight-") as tmp:
-            conn.send({"ok": True, **run_group(group, device, max_batch_flops, Path(tmp), max_clients)})
+        with tempfile.TemporaryDirectory(prefix="preflight-", dir=scratch) as tmp:
+            conn.send({"ok": True, **run_group(group, device, max_batch_flops, Path(tmp), max_clients,
+                                               scratch / "model-facts" if scratch else None)})
     except BaseException as e:  # noqa: BLE001 (every failure is a row of the table)
         tb = traceback.format_exc(limit=-3)
         conn.send({"ok": False, "error": f"{type(e).__name__}: {e}".splitlines()[0][:300], "traceback": tb})
@@ -408,11 +443,26 @@ def _child(group: Group, device: str, max_batch_flops: float, max_clients: int |
         conn.close()
 
 
-def measure(group: Group, device: str, max_batch_flops: float, timeout: float, max_clients: int | None = None) -> dict:
-    """``run_group`` in a forked process (its own peak RSS; a crash or the OOM killer is a row, not the end)."""
+def scratch_dir(free_gb: float = 8.0) -> Path | None:
+    """Where the groups write their synthetic data, checkpoints and metrics: the shared-memory file system where
+    it has ``free_gb`` free (an HtFE8 group's 1.3 GB checkpoint is written and hashed there in a fraction of the
+    disk's seconds; what the files take is measured the same), else the system's temporary folder (None)."""
+    shm = Path("/dev/shm")
+    try:
+        stat = os.statvfs(shm)
+    except OSError:
+        return None
+    return shm if stat.f_bavail * stat.f_frsize >= free_gb * (1 << 30) and os.access(shm, os.W_OK) else None
+
+
+def measure(group: Group, device: str, max_batch_flops: float, timeout: float, max_clients: int | None = None,
+            scratch: Path | None = None) -> dict:
+    """``run_group`` in a forked process (its own peak RSS; a crash or the OOM killer is a row, not the end),
+    its files under ``scratch`` (a folder its model facts are shared in too; None: the system's temporary
+    folder, nothing shared)."""
     ctx = mp.get_context("fork")
     recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(group, device, max_batch_flops, max_clients, send))
+    proc = ctx.Process(target=_child, args=(group, device, max_batch_flops, max_clients, send, scratch))
     t0 = time.perf_counter()
     proc.start()
     send.close()
@@ -591,7 +641,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{sum(len(g.jobs) for g in groups)} train jobs in {len(groups)} groups of one shape; {len(chosen)} "
               f"run here on {device} ({args.jobs} at once, one thread each), {PREFLIGHT_ROUNDS} rounds each, on "
               f"synthetic data of the real shapes, classes and client counts (one batch per client), every "
-              f"update on time, server sets of {SERVER_SAMPLES} (two batches where cut); batches cut to "
+              f"update on time, one epoch of each server pass, server sets of {SERVER_SAMPLES} (two batches where "
+              f"cut); batches cut to "
               f"{max_batch_flops:.3g} forward FLOPs and {max_clients or 'all'} clients trained a round. "
               f"train_resources: {resources} (studies may override mem_mb and runtime per setting or method); "
               f"GPUs of "
@@ -610,8 +661,10 @@ def main(argv: list[str] | None = None) -> int:
         chosen = [g for g in chosen if g.key in known]
         results = {i: known[g.key] for i, g in enumerate(chosen)}
     pending = [(i, g) for i, g in enumerate(chosen) if i not in results]
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = {pool.submit(measure, g, device, max_batch_flops, args.timeout, max_clients): i for i, g in pending}
+    with tempfile.TemporaryDirectory(prefix="preflight-", dir=scratch_dir()) as scratch, \
+            ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = {pool.submit(measure, g, device, max_batch_flops, args.timeout, max_clients, Path(scratch)): i
+                   for i, g in pending}
         for done, fut in enumerate(as_completed(futures), 1):
             i = futures[fut]
             results[i] = fut.result()
