@@ -443,18 +443,6 @@ def _child(group: Group, device: str, max_batch_flops: float, max_clients: int |
         conn.close()
 
 
-def scratch_dir(free_gb: float = 8.0) -> Path | None:
-    """Where the groups write their synthetic data, checkpoints and metrics: the shared-memory file system where
-    it has ``free_gb`` free (an HtFE8 group's 1.3 GB checkpoint is written and hashed there in a fraction of the
-    disk's seconds; what the files take is measured the same), else the system's temporary folder (None)."""
-    shm = Path("/dev/shm")
-    try:
-        stat = os.statvfs(shm)
-    except OSError:
-        return None
-    return shm if stat.f_bavail * stat.f_frsize >= free_gb * (1 << 30) and os.access(shm, os.W_OK) else None
-
-
 def measure(group: Group, device: str, max_batch_flops: float, timeout: float, max_clients: int | None = None,
             scratch: Path | None = None) -> dict:
     """``run_group`` in a forked process (its own peak RSS; a crash or the OOM killer is a row, not the end),
@@ -661,7 +649,7 @@ def main(argv: list[str] | None = None) -> int:
         chosen = [g for g in chosen if g.key in known]
         results = {i: known[g.key] for i, g in enumerate(chosen)}
     pending = [(i, g) for i, g in enumerate(chosen) if i not in results]
-    with tempfile.TemporaryDirectory(prefix="preflight-", dir=scratch_dir()) as scratch, \
+    with tempfile.TemporaryDirectory(prefix="preflight-") as scratch, \
             ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         futures = {pool.submit(measure, g, device, max_batch_flops, args.timeout, max_clients, Path(scratch)): i
                    for i, g in pending}
