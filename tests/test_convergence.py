@@ -156,3 +156,23 @@ def test_a_run_that_diverges_before_its_fourth_evaluation_counts_as_a_miss():
     assert short == []
     early = next(r for r in plateaus if r.method == "early")
     assert early.status == "diverged" and not early.at_plateau and early.evaluations == 3
+
+
+def test_a_fine_tuning_cell_from_the_best_pre_trained_model_is_judged_by_the_best_over_rounds():
+    from fedrepro.config import TRAINING_KEYS
+    from fedrepro.report.table_sources import table_spec
+
+    # SPIKED: its best comes early and the last quarter's mean falls; its best-over-rounds is still at plateau
+    curves = {("a", "kept", 0): SPIKED, ("a", "last", 0): SPIKED}
+    study = {"seeds": [0], "settings": {"a": {"label": "A", "target": {"dataset": "t"}}},
+             "methods": {"kept": {"label": "K", "training": {"keep_best": True}}, "last": {"label": "L"}},
+             "defaults": {}, "tables": {"t": {"source": "finetune", "metric": "target_acc",
+                                             "rows": [{"method": "kept"}, {"method": "last"}],
+                                             "columns": [{"setting": "a"}]}}}
+    study["defaults"] = dict.fromkeys(TRAINING_KEYS, 1)
+    spec = table_spec(study, "t")
+    assert spec["kept_best_runs"] == [["a", "kept"]]
+    conv = study_convergence("s", _runs(curves), _summary(curves), [(spec, _cells(spec, [("kept", "a"), ("last", "a")]))])
+    runs = {r.method: r for r in conv.runs}
+    assert [c.rule for c in runs["kept"].checks] == [BEST_OVER_ROUNDS] and runs["kept"].at_plateau
+    assert [c.rule for c in runs["last"].checks] == [QUARTER_MEAN] and not runs["last"].at_plateau

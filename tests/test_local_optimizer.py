@@ -104,3 +104,32 @@ def test_early_stop_ends_a_run_that_stopped_improving_and_its_checkpoint_stays_f
     resumed = again.run(ckpt, "fp")  # the finished checkpoint: nothing is trained again
     assert resumed.history == result.history and resumed.stopped_round == 3
     assert torch.equal(again.flat.w, run.flat.w)
+
+
+def test_keep_best_hands_on_the_model_of_the_best_round_and_a_resume_keeps_it(small_data, parts, tmp_path):
+    from fedrepro.sim.checkpoint import kept_parameters, read_checkpoint
+
+    # a rate high enough that the accuracy falls back after its best (asserted: else the test would show nothing)
+    cfg = dataclasses.replace(CFG, rounds=8, lr=0.3, keep_best=True)
+    whole = sync_run(small_data, parts, cfg=cfg)
+    result = whole.run(tmp_path / "whole.pt", "fp")
+    accs = [row["test_acc"] for row in result.history]
+    best = accs.index(max(accs)) + 1
+    assert best < cfg.rounds and accs[-1] < max(accs), accs
+    assert whole.best["round"] == best and whole.best["acc"] == max(accs)
+    # the kept model is the one the same run had after its best round
+    upto = sync_run(small_data, parts, cfg=dataclasses.replace(cfg, rounds=best, keep_best=False))
+    upto.run()
+    assert torch.equal(whole.flat.w, upto.flat.w)
+    assert torch.equal(kept_parameters(read_checkpoint(tmp_path / "whole.pt")), upto.flat.w)
+    # interrupted after round 5 (a checkpoint every round) and resumed: the same model kept
+    first = sync_run(small_data, parts, cfg=dataclasses.replace(cfg, rounds=5))
+    first.run(tmp_path / "split.pt", "fp")
+    resumed = sync_run(small_data, parts, cfg=cfg)
+    resumed.run(tmp_path / "split.pt", "fp")
+    assert resumed.best["round"] == best and torch.equal(resumed.flat.w, whole.flat.w)
+    # without keep_best the last model is handed on, as before
+    last = sync_run(small_data, parts, cfg=dataclasses.replace(cfg, keep_best=False))
+    last.run(tmp_path / "last.pt", "fp")
+    assert not torch.equal(last.flat.w, whole.flat.w)
+    assert torch.equal(kept_parameters(read_checkpoint(tmp_path / "last.pt")), read_checkpoint(tmp_path / "last.pt")["w"])

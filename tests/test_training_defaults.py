@@ -13,7 +13,7 @@ from fedrepro.sim.sync import TrainingConfig
 
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "study.schema.yaml").read_text())
 # optional keys have no schema default: their descriptions say what absence means, which TrainingConfig encodes
-ABSENT = {"optimizer": "sgd", "lr_decay": 1.0, "lr_decay_every": 0, "early_stop": 0}
+ABSENT = {"optimizer": "sgd", "lr_decay": 1.0, "lr_decay_every": 0, "early_stop": 0, "keep_best": False}
 
 
 def test_training_config_has_exactly_the_schemas_training_keys() -> None:

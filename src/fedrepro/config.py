@@ -34,7 +34,7 @@ NAME_PATTERNS = {"studies": r"[A-Za-z0-9_\-]+", "settings": r"[A-Za-z0-9_.\-]+",
                  "tables": r"[A-Za-z0-9_\-]+", "figures": r"[A-Za-z0-9_\-]+"}
 # training keys a run spec carries only where the study sets them (absent: the engine's TrainingConfig default,
 # plain SGD at a constant rate, no early stop), so the specs and checkpoint digests of the other runs are unchanged
-OPTIONAL_TRAINING_KEYS = ("optimizer", "lr_decay", "lr_decay_every", "early_stop")
+OPTIONAL_TRAINING_KEYS = ("optimizer", "lr_decay", "lr_decay_every", "early_stop", "keep_best")
 
 
 class ConfigError(ValueError):

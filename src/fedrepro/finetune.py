@@ -32,7 +32,7 @@ from fedrepro import seeding
 from fedrepro.data.format import load_prepared
 from fedrepro.io import atomic_write_json, open_npz
 from fedrepro.models import build_model
-from fedrepro.sim.checkpoint import SeedFiles, read_checkpoint
+from fedrepro.sim.checkpoint import SeedFiles, kept_parameters, read_checkpoint
 from fedrepro.sim.flat import FlatModel
 from fedrepro.sim.tensors import DeviceData, evaluate, to_device_data
 
@@ -177,7 +177,7 @@ def finetune_job(spec: dict, source_path: Path, target_path: Path, runs: list[di
                           best_target_acc=None, curve=[])
             log(f"{tag}: pre-training diverged, not fine-tuned")
         else:
-            model = load_pretrained(spec["model"], shape, int(source_meta["num_classes"]), blob["w"], dev)
+            model = load_pretrained(spec["model"], shape, int(source_meta["num_classes"]), kept_parameters(blob), dev)
             _, curve = finetune_model(model, target, cfg, seed, log=lambda m, tag=tag: log(f"{tag}: {m}"))
             record.update(status="complete", target_acc=curve[-1]["test_acc"],
                           best_target_acc=max(r["test_acc"] for r in curve), curve=curve)

@@ -9,7 +9,9 @@ on that number's own statistic of its test-accuracy curve:
 - max of the last k (``last_k_max_acc``, Feddle's reporting): the reported number is a max over a window of the
   last evaluations, so the max over the last quarter is compared with the max over the quarter before;
 - final, mean of the last k, or any other accuracy: the mean of the last quarter against the mean of the quarter
-  before.
+  before;
+- a fine-tuning cell whose pre-training hands on the model of its best round (``keep_best``): its pre-training's
+  best over rounds, as above.
 
 A run shown in tables of several metrics must meet the rule of each; a run in no table's accuracy cell is judged
 by the quarter means. A table cell's seeds agree when their standard deviation is at most ``SEED_SD_POINTS``; a
@@ -179,6 +181,8 @@ def plateau_rules(tables: list[tuple[dict, pd.DataFrame]]) -> dict[tuple[str, st
         for i, cell in enumerate(cells.itertuples(index=False)):
             if i % n_cols in accuracy_cols:
                 rule = RULE_OF_METRIC.get(metric_key(spec, spec["columns"][i % n_cols]), QUARTER_MEAN)
+                if [str(cell.setting), str(cell.method)] in spec.get("kept_best_runs", []):
+                    rule = BEST_OVER_ROUNDS  # fine-tuned from the model of its best round (keep_best)
                 rules.setdefault((str(cell.setting), str(cell.method)), set()).add(rule)
     return {key: sorted(found) for key, found in rules.items()}
 

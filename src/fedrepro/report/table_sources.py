@@ -8,7 +8,10 @@
   under the table, problem) pairs (``fedrepro.config.check_study`` raises the first);
 - ``cell_problem``: what keeps a setting's runs, once the grid produces them, from filling a cell (finetune:
   a setting without a `target` to fine-tune on), or None;
-- ``read``: the table job's frame of cells, from the files ``cells_from`` names (fedrepro.pipeline.table).
+- ``read``: the table job's frame of cells, from the files ``cells_from`` names (fedrepro.pipeline.table);
+- ``spec_extra``: what the source adds to the table's job spec from the study (finetune: the runs whose
+  fine-tuning starts from their best pre-trained model, ``keep_best``, which the scorecard's plateau check judges
+  by their best accuracy over rounds).
 
 Adding a source is one entry here plus its name in the `source` enum of workflow/schemas/study.schema.yaml
 (tests/test_figure_kinds.py checks the two agree). Light on imports, as fedrepro.report.figure_kinds.
@@ -35,6 +38,7 @@ class TableSource:
     check: Callable[[dict, dict], Problems]
     read: Callable[[dict, Path | None, Path | None], pd.DataFrame]  # (spec, cells' table, runs.csv) -> cells
     cell_problem: Callable[[dict, str], str | None] = lambda study, setting: None  # (study, setting)
+    spec_extra: Callable[[dict, dict], dict] = lambda study, spec: {}  # (study, table spec) -> keys to add
 
     @property
     def has_runs(self) -> bool:
@@ -75,6 +79,12 @@ def _no_target(study: dict, setting: str) -> str | None:
     return f"setting {setting!r} has no `target` to fine-tune on"
 
 
+def _kept_best(study: dict, spec: dict) -> dict:
+    from fedrepro.config import run_training, table_runs
+
+    return {"kept_best_runs": [[s, m] for s, m in table_runs(spec) if run_training(study, s, m).get("keep_best")]}
+
+
 def _simulation_problems(study: dict, table: dict) -> Problems:
     if table["metric"] == "bound":
         return []
@@ -93,7 +103,7 @@ TABLE_SOURCES: dict[str, TableSource] = {
                          _read_runs),
     # their fine-tuning on each setting's target (FedGTST)
     "finetune": TableSource("finetune.csv", lambda study, table: _run_metric_problems(table, from_finetune=True),
-                            _read_runs, cell_problem=_no_target),
+                            _read_runs, cell_problem=_no_target, spec_extra=_kept_best),
     # FedDisco Table 6: computed by the table job itself (fedrepro.report.bound_simulation), no training runs
     "simulation": TableSource(None, _simulation_problems, _simulate),
 }
@@ -112,7 +122,7 @@ def table_spec(study: dict, name: str) -> dict:
     from fedrepro.config import label_of
 
     table = study["tables"][name]
-    return {
+    spec = {
         **table,
         "name": name,
         "seeds": list(study["seeds"]),
@@ -121,3 +131,4 @@ def table_spec(study: dict, name: str) -> dict:
         "columns": [{"label": c["label"] if "label" in c else label_of(study, "settings", c["setting"]),
                      "paper": None, **c} for c in table["columns"]],
     }
+    return {**spec, **table_source(table["source"]).spec_extra(study, spec)}

@@ -184,13 +184,20 @@ def _run_files(out_dir: Path) -> list[Path]:
     return sorted(p for p in Path(out_dir).iterdir() if p.is_file() and not p.name.startswith("."))
 
 
+def kept_parameters(blob: dict[str, Any]) -> torch.Tensor:
+    """The parameters a checkpoint hands to what follows the run: the best evaluated model's where the run kept it
+    (``keep_best``, sim/sync.py), else its last."""
+    return blob["best"]["w"] if blob.get("best") else blob["w"]
+
+
 def mark_finished(files: SeedFiles, fingerprint: str, out_dir: Path, result: Any, keep_model: bool) -> None:
     """Write a finished seed's marker, after its model file when ``keep_model``: both come from its last
     checkpoint, which the caller may then delete; a crash in between leaves either no marker (the next
     invocation resumes from the finished checkpoint, training nothing) or a valid one."""
     if keep_model:  # the same parameters fine-tuning read from the checkpoint before it was deleted
         final = read_checkpoint(files.checkpoint)
-        save_checkpoint(files.model, fingerprint, {k: final[k] for k in ("w", "status", "diverged_round")})
+        save_checkpoint(files.model, fingerprint, {"w": kept_parameters(final), "status": final["status"],
+                                                   "diverged_round": final["diverged_round"]})
     atomic_write_json(files.marker, {
         "fingerprint": fingerprint, "status": result.status, "diverged_round": result.diverged_round,
         "stopped_round": result.stopped_round, "checkpoint_bytes": files.checkpoint.stat().st_size,

@@ -44,6 +44,7 @@ class TrainingConfig:
     lr_decay: float = 1.0  # the learning rate is multiplied by this every lr_decay_every rounds
     lr_decay_every: int = 0  # 0: a constant learning rate
     early_stop: int = 0  # stop once this many rounds pass without a better test accuracy (0: never)
+    keep_best: bool = False  # what follows the run (fine-tuning) gets its best evaluated model, not its last
 
     def lr_at(self, rnd: int) -> float:
         """The clients' learning rate in round ``rnd`` (1-based): step decay, lr x lr_decay^floor((rnd-1)/every)."""
@@ -127,7 +128,8 @@ class FederatedRun:
         """What a checkpoint after round ``rnd`` holds."""
         return dict(round=rnd, w=w.cpu(), state=to_device(self.alg.state, "cpu"), buffers=module_buffers(self.model),
                     history=result.history, status=result.status, diverged_round=result.diverged_round,
-                    stopped_round=result.stopped_round, bytes_up=bytes_up, bytes_down=bytes_down, seconds=seconds)
+                    stopped_round=result.stopped_round, bytes_up=bytes_up, bytes_down=bytes_down, seconds=seconds,
+                    **({"best": self.best} if self.cfg.keep_best else {}))
 
     def train_client(self, cid: int, rnd: int, w_global: torch.Tensor) -> tuple[dict, torch.Tensor, int]:
         """E local epochs of SGD from ``w_global``; returns (upload, summed batch loss, samples seen)."""
@@ -214,10 +216,12 @@ class FederatedRun:
         result = SyncResult(engine=self.engine.summary() if self.engine else None)
         start_round, bytes_up, bytes_down, seconds = 1, 0, 0, 0.0
         resumed = load_checkpoint(checkpoint, fingerprint, self.log) if checkpoint else None
+        self.best: dict | None = None  # keep_best: the best evaluated model so far, {w, buffers, round} on the CPU
         if resumed is not None:
             w = resumed["w"].to(w.device)
             self.alg.state = to_device(resumed["state"], w.device)
             restore_buffers(self.model, resumed.get("buffers"))
+            self.best = resumed.get("best")
             start_round, bytes_up, bytes_down, seconds = resume_progress(resumed, result)
             self.log(f"resumed from {checkpoint} after round {resumed['round']}")
             if result.status == "diverged":
@@ -268,6 +272,9 @@ class FederatedRun:
                 )
                 self.log(f"round {rnd}/{cfg.rounds} acc {acc:.2f} loss {test_loss:.4f} "
                          f"train {train_loss:.4f} {seconds:.1f}s")
+                if cfg.keep_best and not diverged and (self.best is None or acc > self.best["acc"]):
+                    self.best = dict(round=rnd, acc=acc, w=self.flat.w.detach().cpu().clone(),
+                                     buffers=module_buffers(self.model))
             if not diverged and rnd < cfg.rounds and stalled(result.history, cfg.early_stop):
                 result.stopped_round = rnd
                 self.log(f"early stop after round {rnd}: no better test accuracy in {cfg.early_stop} rounds")
@@ -278,6 +285,11 @@ class FederatedRun:
         self.flat.load(self.alg.evaluated_model(w))  # the reported model, also for what follows (fine-tuning)
         if result.per_class_acc is None:  # resumed from a finished checkpoint
             result.per_class_acc = evaluate(self.model, self.data.x_test, self.data.y_test, self.data.num_classes)[2]
+        if self.best is not None:  # keep_best: what follows gets the best evaluated model (its metrics stay the last's)
+            self.flat.load(self.best["w"].to(self.flat.w.device))
+            restore_buffers(self.model, self.best["buffers"])
+            self.log(f"kept the model of round {self.best['round']} (test accuracy {self.best['acc']:.2f}) for what "
+                     "follows")
         return result
 
 
