@@ -172,7 +172,8 @@ def test_a_fine_tuning_cell_from_the_best_pre_trained_model_is_judged_by_the_bes
     study["defaults"] = dict.fromkeys(TRAINING_KEYS, 1)
     spec = table_spec(study, "t")
     assert spec["kept_best_runs"] == [["a", "kept"]]
-    conv = study_convergence("s", _runs(curves), _summary(curves), [(spec, _cells(spec, [("kept", "a"), ("last", "a")]))])
+    cells = _cells(spec, [("kept", "a"), ("last", "a")])
+    conv = study_convergence("s", _runs(curves), _summary(curves), [(spec, cells)])
     runs = {r.method: r for r in conv.runs}
     assert [c.rule for c in runs["kept"].checks] == [BEST_OVER_ROUNDS] and runs["kept"].at_plateau
     assert [c.rule for c in runs["last"].checks] == [QUARTER_MEAN] and not runs["last"].at_plateau
