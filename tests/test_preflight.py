@@ -188,3 +188,30 @@ def test_model_facts_are_built_once_per_model_and_read_back_from_the_cache(tmp_p
     other = next(s for s in cnn if preflight.model_input(s) != preflight.model_input(spec))  # Fashion-MNIST's 28x28
     with pytest.raises(AssertionError, match="built again"):  # another input is another model
         preflight.model_facts(other, tmp_path)
+
+
+def test_a_heterogeneous_group_holds_one_client_per_architecture_and_projects_the_others_models():
+    spec = next(g.spec for g in GROUPS if g.spec["model"] == "HtFE8" and g.spec["partition"]["clients"] == 100)
+    assert preflight.built_clients(spec, 4) == 8  # HtFE8's eight architectures, each once
+    assert preflight.built_clients(spec, 12) == 12 and preflight.built_clients(spec, None) == 100  # CUDA: all
+    sync = next(g.spec for g in GROUPS if g.spec["federation"] == "sync")
+    assert preflight.built_clients(sync, 4) == sync["partition"]["clients"]
+    run = preflight.preflight_spec(spec, None, 4)
+    assert run["partition"]["clients"] == 8 and round(run["training"]["join_ratio"] * 8) == 4
+
+    from fedrepro.models.groups import group_members
+
+    members = group_members(spec["model"])
+    sizes = {name: 1000 * (i + 1) for i, name in enumerate(dict.fromkeys(members))}
+    m = _measurement(built_clients=8, member_params=sizes)
+    expected = 4 * sum(sizes[members[i % len(members)]] for i in range(8, 100))
+    assert preflight.unbuilt_client_bytes(spec, m) == expected
+    assert preflight.unbuilt_client_bytes(spec, {**m, "built_clients": 100}) == 0
+    job = Job("fedl2g/x/y", spec, 3, {"gpu": 1, "threads": 4, "mem_mb": 10**6, "runtime": 10**6})
+    held = project(job, {**m, "built_clients": 100}, False, 40, 60, 1.5)
+    some = project(job, m, False, 40, 60, 1.5)
+    assert some["host_mb"] - held["host_mb"] == pytest.approx(expected / 2**20)  # a CPU run: where RSS held them
+    assert some["checkpoint_mb"] - held["checkpoint_mb"] == pytest.approx(expected / 2**20)
+    on_gpu = project(job, {**m, "peak_gpu": 1 << 30}, False, 40, 60, 1.5)
+    held_gpu = project(job, {**m, "peak_gpu": 1 << 30, "built_clients": 100}, False, 40, 60, 1.5)
+    assert on_gpu["device_mb"] - held_gpu["device_mb"] == pytest.approx(expected / 2**20)

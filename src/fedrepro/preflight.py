@@ -214,7 +214,7 @@ def preflight_spec(spec: dict, max_batch: int | None, max_clients: int | None = 
     """The run spec a preflight trains: two rounds, one local epoch, every round evaluated, a checkpoint,
     updates on time and server sets of two chunks; the batch cut to ``max_batch`` and the clients a round
     trains to ``max_clients`` if given (every client still exists, with its data and any per-client model)."""
-    clients = spec["partition"]["clients"]
+    clients = built_clients(spec, max_clients)
     join = spec["training"]["join_ratio"]
     if max_clients and round(join * clients) > max_clients:
         join = max_clients / clients
@@ -226,12 +226,39 @@ def preflight_spec(spec: dict, max_batch: int | None, max_clients: int | None = 
         training["straggler_steps"] = [1, 2]
     if max_batch:
         training["batch_size"] = min(training["batch_size"], max_batch)
-    out = {**spec, "training": training, "study": "preflight", "hparams": one_pass(spec)}
+    out = {**spec, "training": training, "study": "preflight", "hparams": one_pass(spec),
+           "partition": {**spec["partition"], "clients": clients}}
     if "async" in spec:
         server = server_rows(training["batch_size"], cut=bool(max_batch))
         out["async"] = {**spec["async"], "delay_sigma": 0, "server_samples": server,
                         **({"ood_samples": server} if spec["async"].get("ood_dataset") else {})}
     return out
+
+
+def built_clients(spec: dict, max_clients: int | None) -> int:
+    """The clients a preflight run holds: every client, except in a heterogeneous group on a CPU preflight
+    (``max_clients`` given), where it holds one of each architecture of the model group, or ``max_clients`` if
+    more: the other clients differ only in their own model's parameters, whose bytes ``project`` adds by
+    architecture (``unbuilt_client_bytes``). 100 HtFE8 clients took ~70 s a group, most of it building their
+    models and writing their 6.7 GB checkpoint."""
+    clients = spec["partition"]["clients"]
+    if spec["federation"] != "hetero" or not max_clients:
+        return clients
+    from fedrepro.models.groups import group_members
+
+    return min(clients, max(max_clients, len(set(group_members(spec["model"])))))
+
+
+def unbuilt_client_bytes(spec: dict, m: dict) -> int:
+    """The parameter bytes (float32) of the clients a heterogeneous preflight run did not hold (client i has
+    architecture i mod X of its group; ``m``: the group's measurements, with ``member_params``)."""
+    clients, built = spec["partition"]["clients"], m.get("built_clients", spec["partition"]["clients"])
+    if built >= clients or not m.get("member_params"):
+        return 0
+    from fedrepro.models.groups import group_members
+
+    members = group_members(spec["model"])
+    return 4 * sum(m["member_params"][members[i % len(members)]] for i in range(built, clients))
 
 
 def one_pass(spec: dict) -> dict:
@@ -298,6 +325,9 @@ def model_facts(spec: dict, cache: Path | None = None) -> dict:
         "flops_per_sample": models_step_flops(models, spec["model"], shape, 2, group_of) / 2,
         "act_per_sample": saved_bytes_per_sample(model, shape, spec["model"] in TEXT_MODELS),
         "batchnorm": any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()),
+        # each architecture's trained parameters: what a client of it keeps (unbuilt_client_bytes)
+        "member_params": {name: sum(p.numel() for p in m.parameters() if p.requires_grad)
+                          for name, m in models.items()},
     }
     if path:
         atomic_write_json(path, facts)
@@ -374,6 +404,7 @@ def run_group(group: Group, device: str, max_batch_flops: float, workdir: Path, 
     summary = json.loads((workdir / "runs" / "seed0" / "summary.json").read_text())
     return {
         "status": summary["status"], "batch": batch, "params": facts["params"], "flops_per_sample": flops,
+        "built_clients": run["partition"]["clients"], "member_params": facts["member_params"],
         "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "peak_gpu": torch.cuda.max_memory_allocated() if cuda else None,
         "train_s": train_s, "finetune_s": finetune_s, "checkpoint_bytes": disk.checkpoint_bytes,
@@ -474,8 +505,10 @@ def project(job: Job, m: dict, on_cpu: bool, gpu_mem_gb: float, gpu_tflops: floa
     state and global copy of its trained parameters (3 x those), and the activations of the real batch; on CUDA the
     measured peak replaces the last two. Host memory: the measured peak plus the prepared uint8 arrays at
     their real size (twice: loaded, then copied for pooled or subset splits), plus the device's share when
-    the job runs on the CPU. Disk: the measured checkpoint plus the state of the clients the two preflight
-    rounds did not reach; kept per finished job, the measured files of a finished seed times the seeds."""
+    the job runs on the CPU. The models of the clients a heterogeneous run did not hold (``built_clients``) are
+    added where the others were measured: GPU memory measured on CUDA, else host memory. Disk: the measured
+    checkpoint plus the state of the clients the two preflight rounds did not reach and the models of those it
+    did not hold; kept per finished job, the measured files of a finished seed times the seeds."""
     from fedrepro.cost import TEST_SIZES, run_steps, server_cost, server_passes
     from fedrepro.sim.tensors import device_data_bytes
 
@@ -494,7 +527,9 @@ def project(job: Job, m: dict, on_cpu: bool, gpu_mem_gb: float, gpu_tflops: floa
     else:
         device = (peak + state - host_state + 4 * m["params"] + 12 * m["trained"]
                   + batch * m["act_per_sample"])
-    host = m["peak_rss"] + 2 * raw_bytes + host_state + (device if on_cpu else 0)
+    unbuilt = unbuilt_client_bytes(spec, m)  # held where the built clients' models were: measured GPU or host
+    device += unbuilt if measured_gpu else 0
+    host = m["peak_rss"] + 2 * raw_bytes + host_state + (device if on_cpu else 0) + (0 if measured_gpu else unbuilt)
     steps = run_steps(spec) * job.seeds
     s_per_step = step_seconds(m)
     if measured_gpu or on_cpu:
@@ -514,7 +549,8 @@ def project(job: Job, m: dict, on_cpu: bool, gpu_mem_gb: float, gpu_tflops: floa
     if hours * 60 > resources["runtime"]:
         over.append(f"{hours * 60:,.0f} min > runtime {resources['runtime']}")
     return {"host_mb": host / MIB, "device_mb": device / MIB, "hours": hours, "basis": basis,
-            "checkpoint_mb": (m["checkpoint_bytes"] + state) / MIB, "data_mb": peak / MIB, "state_mb": state / MIB,
+            "checkpoint_mb": (m["checkpoint_bytes"] + state + unbuilt) / MIB, "data_mb": peak / MIB,
+            "state_mb": state / MIB,
             "kept_mb": m["kept_bytes"] * job.seeds / MIB, "over": over}
 
 
