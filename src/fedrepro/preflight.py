@@ -207,7 +207,7 @@ def server_rows(batch: int, cut: bool) -> int:
     """Samples of an async server set, and half the test set, of a preflight run: ``SERVER_SAMPLES``, or with
     the batch cut two batches (a server pass costs a client step per batch, and every evaluation a forward per
     sample: a ViT at 224 on a CPU)."""
-    return min(SERVER_SAMPLES, max(4, 2 * batch)) if cut else SERVER_SAMPLES
+    return min(SERVER_SAMPLES, max(2, 2 * batch)) if cut else SERVER_SAMPLES
 
 
 def preflight_spec(spec: dict, max_batch: int | None, max_clients: int | None = None) -> dict:
