@@ -22,8 +22,10 @@ Shortcuts taken, so a whole config fits minutes on a laptop (each one stated in 
 rounds (the second timed: ``warm_step_seconds``), every update on time (async delays 0, so the server's merge
 and search run), every count of server epochs at one (``one_pass``), the in-domain server set and the
 out-of-domain set at two chunks, each model's facts (FLOPs, saved bytes) measured once per preflight
-(``model_facts``), and a batch cut to ``--max-batch-flops`` per step (activations are then projected linearly from the
-bytes autograd saves per sample, which is what scales with the batch; the test set is then two server sets).
+(``model_facts``), a batch cut to ``--max-batch-flops`` per step (activations are then projected linearly from the
+bytes autograd saves per sample, which is what scales with the batch; the test set is then two server sets), and
+on a CPU ``--max-clients`` trained a round, a heterogeneous group holding one client of each architecture (or
+``--max-clients`` if more; ``built_clients``) with the other clients' models projected by architecture.
 """
 
 from __future__ import annotations
@@ -667,7 +669,8 @@ def main(argv: list[str] | None = None) -> int:
               f"synthetic data of the real shapes, classes and client counts (one batch per client), every "
               f"update on time, one epoch of each server pass, server sets of {SERVER_SAMPLES} (two batches where "
               f"cut); batches cut to "
-              f"{max_batch_flops:.3g} forward FLOPs and {max_clients or 'all'} clients trained a round. "
+              f"{max_batch_flops:.3g} forward FLOPs and {max_clients or 'all'} clients trained a round"
+              f"{', a heterogeneous group holding one client per architecture' if max_clients else ''}. "
               f"train_resources: {resources} (studies may override mem_mb and runtime per setting or method); "
               f"GPUs of "
               f"{args.gpu_mem_gb:g} GB.",
