@@ -215,3 +215,16 @@ def test_a_heterogeneous_group_holds_one_client_per_architecture_and_projects_th
     on_gpu = project(job, {**m, "peak_gpu": 1 << 30}, False, 40, 60, 1.5)
     held_gpu = project(job, {**m, "peak_gpu": 1 << 30, "built_clients": 100}, False, 40, 60, 1.5)
     assert on_gpu["device_mb"] - held_gpu["device_mb"] == pytest.approx(expected / 2**20)
+
+
+def test_a_held_subset_of_a_pathological_split_is_drawn_over_every_client(tmp_path):
+    from fedrepro.partition import load_partition
+
+    spec = next(g.spec for g in GROUPS if g.spec["federation"] == "hetero"
+                and g.spec["partition"]["kind"] == "pathological" and g.spec["dataset"] == "cifar100")
+    run = preflight.preflight_spec(spec, None, 4)
+    assert run["partition"]["clients"] * spec["partition"]["classes_per_client"] < 100  # too few to draw alone
+    with pytest.raises(ValueError, match="some class would be held by no client"):
+        preflight.synthetic_inputs(run, 0, tmp_path)
+    _, partition = preflight.synthetic_inputs(run, 0, tmp_path, drawn_clients=spec["partition"]["clients"])
+    assert len(load_partition(partition)) == run["partition"]["clients"]

@@ -168,11 +168,14 @@ def write_synthetic(path: Path, dataset: str, x_rows: int, labels: np.ndarray, t
     return save_prepared(path, x(len(labels)), labels, x(len(y_test)), y_test, meta, extras)
 
 
-def synthetic_inputs(spec: dict, seed: int, workdir: Path, test_rows: int = 2 * SERVER_SAMPLES) -> tuple[Path, Path]:
+def synthetic_inputs(spec: dict, seed: int, workdir: Path, test_rows: int = 2 * SERVER_SAMPLES,
+                     drawn_clients: int | None = None) -> tuple[Path, Path]:
     """(prepared data, partition) for one preflight run: the partition is drawn with the real spec over the
     real number of samples (labels only), then each client keeps about one batch of its samples, and the data
     set holds just those samples, re-indexed, and ``test_rows`` test samples (an async server set is carved
-    from them)."""
+    from them). With ``drawn_clients`` (more than the spec's clients: a heterogeneous group holding one client
+    per architecture, ``built_clients``), the partition is drawn over that many and the first ones are kept (a
+    pathological split of 100 classes needs its 20 clients to hold every class)."""
     from fedrepro.partition import make_partition, partition_stats, save_partition
 
     n, _, classes = data_shape(spec["dataset"])
@@ -187,7 +190,10 @@ def synthetic_inputs(spec: dict, seed: int, workdir: Path, test_rows: int = 2 * 
     if part["kind"] == "domain":  # equal domains, one per client
         meta["domain_sizes_train"] = [n // part["clients"]] * part["clients"]
         labels = labels[: sum(meta["domain_sizes_train"])]
-    parts = make_partition(labels, part, seed, meta, groups=groups)
+    held = part["clients"]
+    if drawn_clients and drawn_clients > held:
+        part["clients"] = drawn_clients
+    parts = make_partition(labels, part, seed, meta, groups=groups)[:held]
     hetero = spec["federation"] == "hetero"
     # one local step each; hetero clients keep 75% of their samples for training and FedL2G a quiz set of up
     # to half of those, so they get four batches (a quiz or study batch of one sample would trip BatchNorm)
@@ -372,7 +378,7 @@ def run_group(group: Group, device: str, max_batch_flops: float, workdir: Path, 
     batch = real_batch if math.isinf(max_batch_flops) else min(real_batch, max(floor, int(max_batch_flops // flops)))
     cut = batch < real_batch
     run = preflight_spec(spec, batch if cut else None, max_clients)
-    data, partition = synthetic_inputs(run, 0, workdir, 2 * server_rows(batch, cut))
+    data, partition = synthetic_inputs(run, 0, workdir, 2 * server_rows(batch, cut), spec["partition"]["clients"])
     if run.get("async", {}).get("ood_dataset"):
         ood = run["async"]["ood_dataset"]
         labels = np.arange(run["async"]["ood_samples"]) % data_shape(ood)[2]
