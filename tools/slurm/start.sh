@@ -133,6 +133,12 @@ echo "NodeName=$H Name=gpu File=/dev/null" >"$DIR/etc/gres.conf"
 
 # --- daemons (each daemonizes and writes its pid file) ---
 slurmctld -f "$SLURM_CONF" -c || fail "slurmctld did not start"
+# slurmctld daemonizes before it listens: a slurmd started at once can find no controller to fetch its config
+# from ("Unable to contact slurm controller (connect failure)", seen once in six test runs)
+for _ in $(seq $((WAIT * 5))); do
+  scontrol ping 2>/dev/null | grep -q "is UP" && break
+  sleep 0.2
+done
 SLURM_CONF='' slurmd --conf-server "127.0.0.1:$PORT" || fail "slurmd did not start"
 state=""
 for _ in $(seq $((WAIT * 5))); do
