@@ -254,7 +254,7 @@ def built_clients(spec: dict, max_clients: int | None) -> int:
         return clients
     from fedrepro.models.groups import group_members
 
-    return min(clients, max(max_clients, len(set(group_members(spec["model"])))))
+    return min(clients, max(max_clients, len(group_members(spec["model"]))))  # one full cycle of i mod X
 
 
 def unbuilt_client_bytes(spec: dict, m: dict) -> int:
