@@ -102,6 +102,8 @@ def test_a_jobs_resources_are_train_resources_overridden_by_its_setting_then_its
          r"study \(clients train with plain SGD"),
         (lambda c: c["studies"]["fedl2g"]["defaults"].update(optimizer="adam"),
          r"fedl2g.*training.optimizer: must be 'sgd' in a `federation: hetero` study"),
+        (lambda c: c["studies"]["fedl2g"]["defaults"].update(keep_best=True),
+         r"fedl2g.*training.keep_best: must be False in a `federation: hetero` study \(its engine hands on its last"),
         (lambda c: study(c)["defaults"].update(optimizer="adam"),
          r"settings.niid1 / methods.\S+: training.momentum: must be 0 with optimizer: adam .*got 0.9"),
         (lambda c: study(c)["defaults"].update(optimizer="adagrad"), r"defaults.optimizer: 'adagrad' is not one of"),

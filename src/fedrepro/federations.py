@@ -38,10 +38,12 @@ FEDERATIONS: dict[str, Federation] = {
                         ("straggler_steps", None, "every client runs its local epochs"),
                         ("optimizer", "sgd", "clients train with plain SGD, as HtFLlib's"),
                         ("lr_decay_every", 0, "clients train at a constant learning rate, as HtFLlib's"),
-                        ("early_stop", 0, "its engine runs every round"))),
+                        ("early_stop", 0, "its engine runs every round"),
+                        ("keep_best", False, "its engine hands on its last model"))),
     "async": Federation("fedrepro.asyncfl.methods:METHODS", "fedrepro.asyncfl.methods:hyperparameters",
                         "fedrepro.models:MODELS", "fedrepro.asyncfl.job:train_async_job",
-                        fixed_training=(("early_stop", 0, "its engine runs every round"),)),
+                        fixed_training=(("early_stop", 0, "its engine runs every round"),
+                                        ("keep_best", False, "its engine hands on its last model"))),
 }
 
 
