@@ -186,6 +186,19 @@ def test_a_finite_but_exploding_loss_counts_as_divergence(small_data, monkeypatc
     assert flagged.status == "diverged" and flagged.diverged_round == 1
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_all_finite_finds_one_bad_entry_anywhere_in_a_vector(bad):
+    from fedrepro.sim.runs import all_finite
+
+    v = torch.randn(1001)
+    assert all_finite(v) and all_finite(torch.empty(0))
+    for at in (0, 500, 1000):
+        w = v.clone()
+        w[at] = bad
+        assert not all_finite(w)
+    assert all_finite(torch.full((3,), 3e38))  # huge but finite is the loss check's business, not this one's
+
+
 def test_bytes_are_counted_per_client_and_round(small_data):
     parts = dirichlet_clients(small_data.y_train.numpy())
     run = make_run(small_data, parts, cfg=dataclasses.replace(CFG, rounds=2))

@@ -60,7 +60,7 @@ from fedrepro.cost import model_input
 from fedrepro.io import atomic_write_json
 
 PREFLIGHT_ROUNDS = 2
-HETERO_BATCHES = 4  # batches a hetero client holds in a preflight run (75% of them train)
+HETERO_BATCHES = 3  # batches a hetero client holds in a preflight run (75% of them train)
 SERVER_SAMPLES = 64  # the in-domain server set and the OOD set of the preflight (two batches where the batch is cut)
 MIB = 1 << 20
 
@@ -197,7 +197,9 @@ def synthetic_inputs(spec: dict, seed: int, workdir: Path, test_rows: int = 2 * 
     parts = make_partition(labels, part, seed, meta, groups=groups)[:held]
     hetero = spec["federation"] == "hetero"
     # one local step each; hetero clients keep 75% of their samples for training and FedL2G a quiz set of up
-    # to half of those, so they get four batches (a quiz or study batch of one sample would trip BatchNorm)
+    # to half of those, so they get three batches: 2.25 train, a full quiz batch and a full study batch (a
+    # smaller one would under-measure the feedback pass's memory; one of a single sample would trip BatchNorm).
+    # A fourth batch cost ~3 s of a ~13 s HtFE8 group, each of the 8 clients trained one step more
     keep = spec["training"]["batch_size"] * (HETERO_BATCHES if hetero else 1)
     kept = [p[:keep] for p in parts]
     rows = np.concatenate(kept)

@@ -46,7 +46,7 @@ from fedrepro import seeding
 from fedrepro.algorithms.base import Algorithm
 from fedrepro.asyncfl.base import AsyncMethod, ServerData, Update
 from fedrepro.sim.checkpoint import CheckpointError, close_round, load_checkpoint, resume_progress
-from fedrepro.sim.runs import RunResult, diverged_loss, to_device
+from fedrepro.sim.runs import RunResult, all_finite, diverged_loss, to_device
 from fedrepro.sim.sync import FederatedRun, TrainingConfig, client_accuracy
 from fedrepro.sim.tensors import DeviceData, evaluate
 
@@ -314,7 +314,7 @@ class AsyncRun:
             w = self.server_call(method.round_end, w, rnd).detach()
             train_loss = loss_sum.item() / seen if seen else float("nan")
             seconds += time.perf_counter() - t0
-            diverged = diverged_loss(train_loss if seen else None) or not bool(torch.isfinite(w).all())
+            diverged = diverged_loss(train_loss if seen else None) or not all_finite(w)
             if true is not None:
                 self.true_updates[rnd] = true.cpu()
             if diverged or evaluating:

@@ -43,7 +43,7 @@ from fedrepro.models.groups import build_arch, group_members
 from fedrepro.sim.batches import epoch_batches
 from fedrepro.sim.checkpoint import CheckpointError, close_round, load_checkpoint, resume_progress
 from fedrepro.sim.flat import FlatModel
-from fedrepro.sim.runs import RunResult, diverged_loss, to_device
+from fedrepro.sim.runs import RunResult, all_finite, diverged_loss, to_device
 from fedrepro.sim.tensors import DeviceData
 
 # purposes beyond fedrepro.seeding's (INIT, SAMPLING, BATCHES, DELAYS, SERVER, STRAGGLERS = 1..6)
@@ -367,7 +367,7 @@ class HeteroRun:
                 upload = method.upload(client)
                 client_s.append(self._clock() - t)
                 up += payload_bytes(upload)
-                bad_client = bad_client or not bool(torch.isfinite(client.flat.w).all())
+                bad_client = bad_client or not all_finite(client.flat.w)
                 self.store_client(client)
                 t = self._clock()
                 method.server_receive(cid, upload, client.num_train)

