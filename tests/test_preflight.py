@@ -171,6 +171,20 @@ def test_server_passes_run_one_epoch_and_nothing_else_of_a_method_changes():
     assert preflight.one_pass(fedavg) == fedavg["hparams"]
 
 
+@pytest.mark.parametrize("method", ["fedbuff", "ca2fl"])
+def test_a_buffer_of_updates_flushes_within_the_preflight_rounds(method):
+    spec = next(g.spec for g in GROUPS if g.spec["algorithm"] == method)
+    assert spec["hparams"]["buffer_size"] == 10 and spec["partition"]["clients"] > 10
+    for max_clients, arrivals in ((4, 4), (preflight.heavy_clients(4), 2)):
+        run = preflight.preflight_spec(spec, None, max_clients)
+        per_round = round(run["training"]["join_ratio"] * run["partition"]["clients"])
+        assert per_round == arrivals and run["hparams"]["buffer_size"] == arrivals  # every round flushes
+        assert preflight.PREFLIGHT_ROUNDS * per_round >= run["hparams"]["buffer_size"]
+    uncapped = preflight.preflight_spec(spec, None, None)  # a GPU preflight trains the real count a round
+    assert uncapped["hparams"]["buffer_size"] == min(10, round(spec["training"]["join_ratio"]
+                                                              * spec["partition"]["clients"]))
+
+
 def test_model_facts_are_built_once_per_model_and_read_back_from_the_cache(tmp_path, monkeypatch):
     import fedrepro.cost
 

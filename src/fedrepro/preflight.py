@@ -24,7 +24,8 @@ and search run), every count of server epochs at one (``one_pass``), the in-doma
 out-of-domain set at two chunks, each model's facts (FLOPs, saved bytes) measured once per preflight
 (``model_facts``), a batch cut to ``--max-batch-flops`` per step (activations are then projected linearly from the
 bytes autograd saves per sample, which is what scales with the batch; the test set is then two server sets), and
-on a CPU ``--max-clients`` trained a round, a heterogeneous group holding one client of each architecture (or
+on a CPU ``--max-clients`` trained a round (half as many, at least 2, where one sample's forward exceeds the cut:
+``heavy_clients``), a heterogeneous group holding one client of each architecture (or
 ``--max-clients`` if more; ``built_clients``) with the other clients' models projected by architecture.
 """
 
@@ -237,13 +238,19 @@ def preflight_spec(spec: dict, max_batch: int | None, max_clients: int | None = 
         training["straggler_steps"] = [1, 2]
     if max_batch:
         training["batch_size"] = min(training["batch_size"], max_batch)
-    out = {**spec, "training": training, "study": "preflight", "hparams": one_pass(spec),
+    per_round = max(1, round(join * clients))
+    out = {**spec, "training": training, "study": "preflight", "hparams": one_pass(spec, per_round),
            "partition": {**spec["partition"], "clients": clients}}
     if "async" in spec:
         server = server_rows(training["batch_size"], cut=bool(max_batch))
         out["async"] = {**spec["async"], "delay_sigma": 0, "server_samples": server,
                         **({"ood_samples": server} if spec["async"].get("ood_dataset") else {})}
     return out
+
+
+def heavy_clients(max_clients: int) -> int:
+    """Clients trained a round, on a CPU preflight, in a group whose single sample exceeds the batch cut."""
+    return max(2, max_clients // 2)
 
 
 def built_clients(spec: dict, max_clients: int | None) -> int:
@@ -272,11 +279,13 @@ def unbuilt_client_bytes(spec: dict, m: dict) -> int:
     return 4 * sum(m["member_params"][members[i % len(members)]] for i in range(built, clients))
 
 
-def one_pass(spec: dict) -> dict:
+def one_pass(spec: dict, per_round: int | None = None) -> dict:
     """The method's hyper-parameters with every count of server passes (``epochs``, ``*_epochs``: Center's 20,
     Feddle's 10 search and 10 head epochs, Fed+FT's, FedDF's, HFCL's, FedGH's) at most one: each further pass
     repeats the same tensors, so it adds no memory, and its time is counted by ``fedrepro.cost``'s model of the
-    server passes, not measured here (a ViT's 10 server epochs took 69 of a group's 87 s on a CPU)."""
+    server passes, not measured here (a ViT's 10 server epochs took 69 of a group's 87 s on a CPU). A buffer of
+    updates (FedBuff's, CA2FL's ``buffer_size``) holds at most ``per_round`` of them, the updates that arrive in
+    a round, so its flush runs within the two rounds (FedBuff's 10 never filled from 4 clients a round)."""
     from fedrepro.federations import hyperparameters_of
 
     defaults = hyperparameters_of(spec["federation"], spec["algorithm"])
@@ -285,6 +294,8 @@ def one_pass(spec: dict) -> dict:
         value = hparams.get(name, default)
         if (name == "epochs" or name.endswith("_epochs")) and isinstance(value, int) and value > 1:
             hparams[name] = 1
+        if name == "buffer_size" and per_round and value > per_round:
+            hparams[name] = per_round
     return hparams
 
 
@@ -380,6 +391,10 @@ def run_group(group: Group, device: str, max_batch_flops: float, workdir: Path, 
     floor = 2 if facts["batchnorm"] else 1
     batch = real_batch if math.isinf(max_batch_flops) else min(real_batch, max(floor, int(max_batch_flops // flops)))
     cut = batch < real_batch
+    if max_clients and flops > max_batch_flops:
+        # one sample over the cut (ViT-B/16 at 224: ~1 s a step on one CPU thread): half the clients a round, as
+        # every client step and every server pass over an update (Feddle's cosines, FedDF's ensemble) costs that
+        max_clients = heavy_clients(max_clients)
     run = preflight_spec(spec, batch if cut else None, max_clients)
     data, partition = synthetic_inputs(run, 0, workdir, 2 * server_rows(batch, cut), spec["partition"]["clients"])
     if run.get("async", {}).get("ood_dataset"):
@@ -679,6 +694,7 @@ def main(argv: list[str] | None = None) -> int:
               f"update on time, one epoch of each server pass, server sets of {SERVER_SAMPLES} (two batches where "
               f"cut); batches cut to "
               f"{max_batch_flops:.3g} forward FLOPs and {max_clients or 'all'} clients trained a round"
+              f"{f' ({heavy_clients(max_clients)} where one sample exceeds the cut)' if max_clients else ''}"
               f"{', a heterogeneous group holding one client per architecture' if max_clients else ''}. "
               f"train_resources: {resources} (studies may override mem_mb and runtime per setting or method); "
               f"GPUs of "
