@@ -62,6 +62,18 @@ def test_client_split_is_75_25_seeded_and_disjoint():
     assert not np.array_equal(tr, split_client(21, 0.75, seed=3, cid=1)[0])
 
 
+def test_a_fixed_split_seed_gives_every_trial_the_same_client_train_and_test_sets(small_data):
+    parts = dirichlet_clients(small_data.y_train.numpy(), n_clients=5, beta=5.0)
+
+    def splits(seed, split_seed=None):
+        run = HeteroRun("tiny4", build_method("local"), small_data, parts, CFG, seed, feature_dim=FD,
+                        log=lambda m: None, split_seed=split_seed)
+        return [t.tolist() for t in run.train_idx], [t.tolist() for t in run.test_idx]
+
+    assert splits(0, split_seed=7) == splits(1, split_seed=7) == splits(7)  # the trials share them
+    assert splits(0) != splits(1)  # unset: each seed draws its own
+
+
 def test_client_i_gets_architecture_i_mod_x_with_its_own_initial_weights(small_data):
     parts = dirichlet_clients(small_data.y_train.numpy(), n_clients=5, beta=5.0)
     run = make_run(small_data, parts)

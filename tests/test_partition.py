@@ -340,3 +340,14 @@ def test_partition_of_a_sample_subset(spec: dict) -> None:
     assert [p.tolist() for p in parts] == [p.tolist() for p in again]
     with pytest.raises(ValueError, match="does not apply to kind 'writer'"):
         make_partition(labels, {"kind": "writer", "clients": 2, "samples": 10}, seed=0, groups=labels)
+
+
+def test_a_partition_seed_gives_every_trial_one_partition_subset_included():
+    labels = np.arange(2000) % C
+    spec = {"kind": "dirichlet", "clients": 6, "beta": 0.5, "samples": 900}
+
+    def draw(run_seed, **extra):
+        return [p.tolist() for p in make_partition(labels, {**spec, **extra}, run_seed)]
+
+    assert draw(0, seed=5) == draw(1, seed=5) == draw(5)  # HtFLlib's trials read one generated split
+    assert draw(0) != draw(1)  # unset: each seed draws its own partition

@@ -456,7 +456,10 @@ def make_partition(labels: np.ndarray, spec: dict, seed: int, meta: dict | None 
     ``domain`` reads the domains' sizes from the data set's ``meta``, kind ``writer`` the per-sample writer
     ids ``groups`` (the prepared data set's ``groups_train``). With ``spec["samples"]`` only a seeded,
     class-stratified subset of that many samples is partitioned (laptop scale: the paper's clients, fewer
-    samples each); indices still point into the full ``labels``."""
+    samples each); indices still point into the full ``labels``. With ``spec["seed"]`` that seed replaces
+    ``seed``: every trial of a study then shares one partition (HtFLlib's protocol)."""
+    if "seed" in spec:
+        seed, spec = spec["seed"], {k: v for k, v in spec.items() if k != "seed"}
     kind = spec.get("kind")
     if spec.get("samples"):
         if kind in ("domain", "writer"):

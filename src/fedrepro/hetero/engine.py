@@ -8,9 +8,11 @@ weights are averaged unless a method (hetero/methods/) says so.
 
 Each client's samples are split once into its own train and test sets (``train_fraction``, 75/25 as PFLlib's
 ``train_test_split(train_size=0.75, shuffle=True)``: ceil(25%) test samples) by a generator seeded by
-(seed, client). Accuracy is reported two ways: ``test_acc`` pools every client's test samples (correct /
-total, what HtFLlib's ``evaluate`` prints and the FedL2G tables show), ``client_acc_mean`` / ``client_acc_var``
-average the per-client accuracies with equal weight.
+(seed, client), or (the partition's ``seed``, client) where a study fixes one (``split_seed``: its trials then
+share their clients' train and test sets, as HtFLlib's share the generated files). Accuracy is reported two
+ways: ``test_acc`` pools every client's test samples (correct / total, what HtFLlib's ``evaluate`` prints and
+the FedL2G tables show), ``client_acc_mean`` / ``client_acc_var`` average the per-client accuracies with equal
+weight.
 
 Communication is measured: the bytes of every tensor a method broadcasts or uploads (float32 rows, int32
 class ids, SVD factors...), summed over the sampled clients. Client seconds are each sampled client's
@@ -127,6 +129,7 @@ class HeteroRun:
         seed: int,
         feature_dim: int = 512,
         log: Callable[[str], None] = print,
+        split_seed: int | None = None,
     ) -> None:
         self.cfg, self.method, self.data, self.seed, self.log = training, method, data, seed, log
         self.device = data.x_train.device
@@ -141,7 +144,8 @@ class HeteroRun:
         self.test_idx: list[Tensor] = []
         for cid, idx in enumerate(client_indices):
             idx = np.asarray(idx, dtype=np.int64)
-            tr, te = split_client(len(idx), training.train_fraction, seed, cid)
+            tr, te = split_client(len(idx), training.train_fraction, seed if split_seed is None else split_seed,
+                                  cid)
             if len(tr) < 2:
                 raise ValueError(f"client {cid} has {len(idx)} samples: too few for a train / test split")
             self.train_idx.append(torch.as_tensor(idx[tr], device=self.device))

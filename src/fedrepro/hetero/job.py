@@ -44,7 +44,8 @@ def train_hetero_job(
 
     def build(seed: int, parts: list[np.ndarray], data: DeviceData, log: Callable[[str], None]) -> HeteroRun:
         return HeteroRun(group=spec["model"], method=build_method(spec["algorithm"], **spec["hparams"]),
-                         data=data, client_indices=parts, training=training, seed=seed, log=log)
+                         data=data, client_indices=parts, training=training, seed=seed, log=log,
+                         split_seed=spec["partition"].get("seed"))
 
     def finish(run: HeteroRun, out: Path) -> None:
         anchors = run.method.anchors()
