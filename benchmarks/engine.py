@@ -1,6 +1,7 @@
 """Engine speed against the plain-PyTorch floor, in one process on the same data and SGD steps.
 
-    python benchmarks/engine.py                        # the embedded FedDisco setting (simple CNN, Dir 0.5)
+    python benchmarks/engine.py                        # the default's FedDisco (Fashion-MNIST's shape, Dir 0.5)
+    python benchmarks/engine.py --preset digits        # the same CNN on the 1,347 training digits, batch 16
     python benchmarks/engine.py --preset peers         # issue #4's setting (4-layer CNN, Dir 0.1, 20 clients)
     python benchmarks/engine.py --preset peers --clients 10 20 50 100 --rounds 5
     python benchmarks/engine.py --preset feddisco-cifar10 --device cuda   # on a GPU: the paper-scale shapes
@@ -38,8 +39,11 @@ from fedrepro.sim.sync import FederatedRun, TrainingConfig
 from fedrepro.sim.tensors import to_device_data
 
 PRESETS = {
-    "embedded": dict(model="simple_cnn", clients=10, beta=0.5, batch_size=16, lr=0.01, momentum=0.9,
-                     local_epochs=2, rounds=12),
+    "digits": dict(model="simple_cnn", clients=10, beta=0.5, batch_size=16, lr=0.01, momentum=0.9,
+                   local_epochs=2, rounds=12),
+    # the default's FedDisco on Fashion-MNIST (config/config.yaml): 30,000 images at 28x28, batch 64, 2 epochs
+    "embedded": dict(model="simple_cnn", clients=10, beta=0.5, batch_size=64, lr=0.01, momentum=0.9,
+                     local_epochs=2, rounds=2, eval_every=2, images=(30_000, 28, 28, 1)),
     "peers": dict(model="cnn4", clients=20, beta=0.1, batch_size=10, lr=0.01, momentum=0.0,
                   local_epochs=1, rounds=20),
     # paper scale, on made-up images of the paper's shape; one local epoch (FedDisco's are 10) keeps a run short,

@@ -4,6 +4,7 @@ data of the real shapes, before anyone spends GPU hours; a new study cannot brea
 from __future__ import annotations
 
 import pytest
+import torch
 
 from fedrepro import preflight
 from fedrepro.config import REPO, grid_runs, merge_configfiles, resolve_config
@@ -202,6 +203,43 @@ def test_model_facts_are_built_once_per_model_and_read_back_from_the_cache(tmp_p
     other = next(s for s in cnn if preflight.model_input(s) != preflight.model_input(spec))  # Fashion-MNIST's 28x28
     with pytest.raises(AssertionError, match="built again"):  # another input is another model
         preflight.model_facts(other, tmp_path)
+
+
+def test_a_memoised_build_equals_a_fresh_one_and_leaves_the_rng_where_the_build_did(tmp_path):
+    from fedrepro.models import build_model
+    from fedrepro.models.groups import build_arch
+
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return build_arch(*args, **kwargs)
+
+    memo = preflight.memoised_build(counted, tmp_path)
+
+    def built(make, seed, *args):
+        torch.manual_seed(seed)
+        model = make(*args)
+        return model, torch.rand(4)  # what the engine draws next
+
+    fresh, fresh_next = built(build_arch, 0, "resnet_mini", (16, 16, 3), 10)
+    for _ in range(2):
+        model, drawn = built(memo, 0, "resnet_mini", (16, 16, 3), 10)
+        assert torch.equal(drawn, fresh_next)
+        assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values(),
+                                                      strict=True))
+    assert len(calls) == 1  # the second came from the folder
+    other, _ = built(memo, 1, "resnet_mini", (16, 16, 3), 10)  # another RNG state is another model
+    assert len(calls) == 2 and not torch.equal(other.state_dict()["head.weight"], fresh.state_dict()["head.weight"])
+    built(memo, 0, "resnet_mini", (16, 16, 3), 7)  # and other arguments
+    assert len(calls) == 3
+    # a LoRA ViT does not pickle (torch's parametrizations): built each time, the same as a fresh one
+    lora = preflight.memoised_build(build_model, tmp_path)
+    a, _ = built(lora, 0, "vit_b16_lora", (32, 32, 3), 10)
+    b, _ = built(lora, 0, "vit_b16_lora", (32, 32, 3), 10)
+    assert [(n, p.requires_grad) for n, p in a.named_parameters()] == [(n, p.requires_grad) for n, p in
+                                                                         b.named_parameters()]
+    assert len(list(tmp_path.iterdir())) == 3  # the three resnet_mini builds; nothing of the ViT
 
 
 def test_a_heterogeneous_group_holds_one_client_per_architecture_and_projects_the_others_models():

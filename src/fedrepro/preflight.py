@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import json
 import math
 import multiprocessing as mp
@@ -58,7 +59,7 @@ from fedrepro.config import (
     transfer_runs,
 )
 from fedrepro.cost import model_input
-from fedrepro.io import atomic_write_json
+from fedrepro.io import atomic_write, atomic_write_json
 
 PREFLIGHT_ROUNDS = 2
 HETERO_BATCHES = 3  # batches a hetero client holds in a preflight run (75% of them train)
@@ -356,6 +357,56 @@ def model_facts(spec: dict, cache: Path | None = None) -> dict:
     return facts
 
 
+# the engines' model builders, as each module calls them (its own global): reuse_builds wraps them in a child
+BUILDERS = (("fedrepro.hetero.engine", "build_arch"), ("fedrepro.train", "build_model"),
+            ("fedrepro.asyncfl.job", "build_model"), ("fedrepro.finetune", "build_model"))
+
+
+def memoised_build(builder: Any, folder: Path) -> Any:
+    """``builder`` whose models are kept in ``folder`` by its arguments and the global RNG state it starts from:
+    a later call with the same ones loads the model (unpickled, so no ``__init__`` and no random initialisation
+    runs) and leaves the RNG where the build left it, so the engine draws the same numbers after it. A model
+    that cannot be pickled (a LoRA ViT: torch's parametrizations refuse) is built every time."""
+    import pickle
+
+    import torch
+    from torch.nn.utils.parametrize import is_parametrized
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        rng = torch.random.get_rng_state()
+        call = pickle.dumps((builder.__module__, builder.__qualname__, args, sorted(kwargs.items())))
+        path = folder / f"{hashlib.sha256(call + rng.numpy().tobytes()).hexdigest()[:24]}.pt"
+        if path.exists():
+            saved = torch.load(path, weights_only=False)
+            torch.random.set_rng_state(saved["rng"])
+            return saved["model"]
+        model = builder(*args, **kwargs)
+        # torch refuses to pickle parametrizations (LoRA), and only after writing much of the model: a failed
+        # try would add to the measured peak memory, so none is made
+        if any(is_parametrized(m) for m in model.modules()):
+            return model
+        unpicklable = path.with_suffix(".unpicklable")
+        if not unpicklable.exists():
+            try:
+                atomic_write(path, lambda tmp: torch.save({"model": model, "rng": torch.random.get_rng_state()},
+                                                          tmp))
+            except (pickle.PicklingError, AttributeError, TypeError):  # a lambda or a local class inside
+                unpicklable.touch()
+        return model
+
+    return build
+
+
+def reuse_builds(folder: Path) -> None:
+    """In a preflight's child: every engine builds its models through ``memoised_build`` on ``folder`` (shared
+    by the groups of one preflight). 48 groups of paper.yaml build HtFE8's eight architectures from the same
+    seeds, and their random initialisation was ~2 s of each group's ~12 s."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for module_name, name in BUILDERS:
+        module = importlib.import_module(module_name)
+        setattr(module, name, memoised_build(getattr(module, name), folder))
+
+
 def state_bytes_per_client(spec: dict, params: int) -> int:
     """Bytes a method keeps per client between rounds (declared by the method class; 0 if it keeps none)."""
     from fedrepro.federations import methods_of
@@ -491,6 +542,8 @@ def _child(group: Group, device: str, max_batch_flops: float, max_clients: int |
            scratch: Path | None = None) -> None:
     try:
         with tempfile.TemporaryDirectory(prefix="preflight-", dir=scratch) as tmp:
+            if scratch:
+                reuse_builds(scratch / "builds")
             conn.send({"ok": True, **run_group(group, device, max_batch_flops, Path(tmp), max_clients,
                                                scratch / "model-facts" if scratch else None)})
     except BaseException as e:  # noqa: BLE001 (every failure is a row of the table)
@@ -704,6 +757,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch  # noqa: F401 (imported once here, before the forks: each child would pay seconds for it)
 
     import fedrepro.pipeline  # noqa: F401
+
+    for module_name, _ in BUILDERS:  # the engines too (~0.13 s a child otherwise)
+        importlib.import_module(module_name)
 
     t0 = time.perf_counter()
     saved = Path(args.measurements) if args.measurements else None
