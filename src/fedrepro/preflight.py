@@ -27,6 +27,10 @@ bytes autograd saves per sample, which is what scales with the batch; the test s
 on a CPU ``--max-clients`` trained a round (half as many, at least 2, where one sample's forward exceeds the cut:
 ``heavy_clients``), a heterogeneous group holding one client of each architecture (or
 ``--max-clients`` if more; ``built_clients``) with the other clients' models projected by architecture.
+
+Not a shortcut, as nothing measured changes: a model the preflight has built before from the same RNG state is
+loaded instead of initialised again (``memoised_build``; FedL2G's groups build the same architectures from the
+same seeds), and the engines are imported once, before the children fork.
 """
 
 from __future__ import annotations
