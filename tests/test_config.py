@@ -142,7 +142,7 @@ def test_a_jobs_resources_are_train_resources_overridden_by_its_setting_then_its
         (lambda c: study(c)["settings"]["niid1"]["partition"].update(min_size=5000),
          r"settings.niid1.partition.min_size: 10 clients x min_size 5000 = 50000 samples, more than the 6000"),
         (lambda c: c["studies"]["fedl2g"]["settings"]["pat"]["partition"].update(classes_per_client=20),
-         r"studies.fedl2g.settings.pat.partition.classes_per_client: 20 is more than the 10 classes of digits"),
+         r"studies.fedl2g.settings.pat.partition.classes_per_client: 20 is more than the 10 classes of fashion_mnist"),
         # names that become folders and files
         (lambda c: study(c)["methods"].update({"fed/prox": study(c)["methods"].pop("fedprox")}),
          r"studies.feddisco.methods: 'fed/prox' is no usable name: .* must match \[A-Za-z0-9_.\\-\]\+"),
