@@ -404,7 +404,9 @@ def memoised_build(builder: Any, folder: Path) -> Any:
 def reuse_builds(folder: Path) -> None:
     """In a preflight's child: every engine builds its models through ``memoised_build`` on ``folder`` (shared
     by the groups of one preflight). 48 groups of paper.yaml build HtFE8's eight architectures from the same
-    seeds, and their random initialisation was ~2 s of each group's ~12 s."""
+    seeds, and their random initialisation was ~2 s of each group's ~12 s. The folder, in the preflight's
+    temporary scratch (deleted at its end), holds every distinct build: for paper.yaml ~4.8 GB of FedL2G's
+    members (their parameters counted) and a few hundred MB more."""
     folder.mkdir(parents=True, exist_ok=True)
     for module_name, name in BUILDERS:
         module = importlib.import_module(module_name)
