@@ -1,0 +1,138 @@
+"""Copy one complete run's results into the repository, so that they can be read without running anything.
+
+    python -m fedrepro.report.snapshot --configfile config/laptop-full.yaml --out docs/results/laptop-full \
+        --wall-time "3 h 40 min"
+
+Copies the scorecard, every table (Markdown) and every figure (PNG) of the config's studies from its results
+root, and writes a README.md that says where they came from: the commit, the machines the runs ran on (from
+their summary.json), the wall time measured by whoever ran it, and each study's train-job seconds (the split
+of that time). A run missing any table or figure is refused with the names of what is missing: a snapshot is of
+one whole run or of nothing. ``snapshot_problems`` is what
+tests/test_snapshot.py checks the committed snapshot against, so it cannot fall behind the config silently.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+from fedrepro.config import REPO, merge_configfiles, resolve_config
+
+MANIFEST = "README.md"
+
+
+def snapshot_files(config: dict) -> list[Path]:
+    """The files a snapshot of ``config``'s run holds, relative to its results root (and to the snapshot)."""
+    files = [Path("scorecard.md")]
+    for study, spec in config["studies"].items():
+        files += [Path(study, "tables", f"{t}.md") for t in spec["tables"]]
+        files += [Path(study, "figures", f"{f}.png") for f in spec["figures"]]
+    return files
+
+
+def snapshot_problems(config: dict, folder: Path) -> list[str]:
+    """What a snapshot (or a results root) in ``folder`` lacks for ``config``: one line per missing file."""
+    return [f"{folder / f}: missing" for f in snapshot_files(config) if not (folder / f).is_file()]
+
+
+def study_seconds(results: Path, study: str) -> tuple[int, float]:
+    """(train jobs, their wall seconds summed) of a study, from each job's seeds.json ``job_seconds``."""
+    jobs, seconds = 0, 0.0
+    for index in (results / study / "runs").glob("*/*/seeds.json"):
+        job = json.loads(index.read_text())
+        if "job_seconds" in job:
+            jobs += 1
+            seconds += job["job_seconds"]
+    return jobs, seconds
+
+
+def machines(results: Path) -> Counter:
+    """How many runs came from each (CPU, torch CPU capability, device), from every run's summary.json."""
+    seen: Counter = Counter()
+    for summary in results.glob("*/runs/*/*/seed*/summary.json"):
+        run = json.loads(summary.read_text())
+        m = run.get("machine") or {}
+        seen[f"{m.get('cpu', 'unknown CPU')} ({m.get('cpu_capability', '?')}), {run.get('device', '?')}"] += 1
+    return seen
+
+
+def git_commit(root: Path = REPO) -> str:
+    """HEAD's hash, with " (with uncommitted changes)" where the work tree differs from it."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                           capture_output=True, text=True).stdout.strip()
+    return (head or "unknown") + (" (with uncommitted changes)" if dirty else "")
+
+
+def manifest(config: dict, results: Path, configfiles: list[str], wall_time: str, commit: str) -> str:
+    rows = []
+    total = 0.0
+    for study in config["studies"]:
+        jobs, seconds = study_seconds(results, study)
+        total += seconds
+        rows.append(f"| {study} | {jobs} | {seconds / 3600:.2f} |")
+    lines = [
+        f"# One complete run of `{' '.join(configfiles)}`",
+        "",
+        "Copied by `python -m fedrepro.report.snapshot` from a run's results root, so the results can be read",
+        "without running anything. Regenerate it whenever a change moves these numbers.",
+        "",
+        f"- commit: `{commit}`",
+        f"- wall time: {wall_time}",
+        "- machines the runs came from (CPU, torch CPU capability, device): "
+        + "; ".join(f"{m}: {n} runs" for m, n in sorted(machines(results).items())),
+        "",
+        "| study | train jobs | their wall time, summed (core-hours at one thread a job) |",
+        "|---|---:|---:|",
+        *rows,
+        f"| all | | {total / 3600:.2f} |",
+        "",
+        "[The scorecard](scorecard.md): per table, the cells against the published ones, the paper's claims with",
+        "their seed noise, and the runs that have not finished (its convergence section).",
+        "",
+    ]
+    for study, spec in config["studies"].items():
+        lines += [f"## {study}", ""]
+        lines += [f"- [{spec['tables'][t].get('caption') or t}]({study}/tables/{t}.md)" for t in spec["tables"]]
+        lines += [f"- ![{spec['figures'][f].get('caption') or f}]({study}/figures/{f}.png)" for f in spec["figures"]]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def snapshot(config: dict, results: Path, out: Path, configfiles: list[str], wall_time: str,
+             commit: str | None = None) -> list[Path]:
+    """Copy a complete run's scorecard, tables and figures from ``results`` into ``out``; refuse an incomplete one."""
+    if problems := snapshot_problems(config, results):
+        raise SystemExit("not a complete run, nothing copied:\n  " + "\n  ".join(problems))
+    if out.exists():
+        shutil.rmtree(out)  # a snapshot is one run's: nothing of an older one stays beside it
+    written = []
+    for f in snapshot_files(config):
+        (out / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(results / f, out / f)
+        written.append(out / f)
+    (out / MANIFEST).write_text(manifest(config, results, configfiles, wall_time, commit or git_commit()))
+    return written + [out / MANIFEST]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configfile", nargs="+", required=True,
+                        help="config files as given to snakemake (config/config.yaml is read first)")
+    parser.add_argument("--out", required=True, type=Path, help="the snapshot's folder (replaced)")
+    parser.add_argument("--wall-time", required=True, help='the run\'s measured wall time, e.g. "3 h 40 min"')
+    args = parser.parse_args(argv)
+    files = [str(REPO / "config" / "config.yaml"), *args.configfile]
+    config = resolve_config(merge_configfiles(*files), source=", ".join(args.configfile))
+    results = Path(config["results_dir"])
+    results = results if results.is_absolute() else REPO / results
+    written = snapshot(config, results, args.out, args.configfile, args.wall_time)
+    print(f"{len(written)} files written under {args.out}")
+
+
+if __name__ == "__main__":
+    main()
