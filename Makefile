@@ -5,7 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 CORES ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: run test browser fashion-mnist lint bench cost preflight clean-results clean-paper-results
+.PHONY: run test browser fashion-mnist laptop-full snapshot-laptop-full lint bench cost preflight clean-results \
+	clean-paper-results
 
 $(VENV)/.installed: requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +39,17 @@ fashion-mnist:
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist; \
 	else echo "dataset-fashion-mnist missing (not root): Fashion-MNIST will be downloaded from the network"; fi
+
+# every table and figure of the four studies at laptop scale (hours: README, "laptop-full"), into results/laptop-full;
+# -P starts Feddle's Fashion-MNIST jobs (the longest, up to ~50 minutes each) first, so no core idles at the end
+laptop-full: $(VENV)/.installed fashion-mnist
+	$(BIN)/snakemake --cores $(CORES) --configfile config/laptop-full.yaml \
+	  -P results/laptop-full/feddle-fmnist/tables/table5.md
+
+# copy a complete laptop-full run's scorecard, tables and figures into docs/results/laptop-full (WALL_TIME: as measured)
+snapshot-laptop-full: $(VENV)/.installed
+	$(BIN)/python -m fedrepro.report.snapshot --configfile config/laptop-full.yaml --out docs/results/laptop-full \
+	  --wall-time "$(WALL_TIME)"
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check src tests benchmarks workflow/scripts

@@ -1,55 +1,83 @@
-"""The results snapshot (fedrepro.report.snapshot): copies one complete run, refuses a partial one by name."""
+"""The results snapshot (fedrepro.report.snapshot): copies one complete run, refuses a partial or stale one by name."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from fedrepro.report.snapshot import snapshot, snapshot_files
-
-CONFIG = {"studies": {
-    "alpha": {"tables": {"table1": {"caption": "Table 1: accuracy"}}, "figures": {"curves": {"caption": None}}},
-    "beta": {"tables": {"table5": {"caption": None}}, "figures": {}},
-}}
+from fedrepro.config import REPO, merge_configfiles, resolve_config
+from fedrepro.report.snapshot import main, run_digests, snapshot, snapshot_files, stale_runs
 
 
-def fake_run(root: Path) -> None:
-    for f in snapshot_files(CONFIG):
+@pytest.fixture
+def config():
+    """The embedded default, resolved: FedDisco's 4 train jobs, 2 tables and 2 figures."""
+    return resolve_config(merge_configfiles(REPO / "config/config.yaml"))
+
+
+def fake_run(root: Path, config: dict) -> None:
+    """What a finished run of ``config`` leaves: its artifacts, each job's seeds.json and checkpoint markers."""
+    for f in snapshot_files(config):
         (root / f).parent.mkdir(parents=True, exist_ok=True)
         (root / f).write_text(f"content of {f}")
-    for study, seconds in (("alpha", 3600.0), ("beta", 1800.0)):
-        job = root / study / "runs" / "s1" / "m1"
-        runs = [{"dir": f"seed{i}", "seed": i, "status": "complete"} for i in range(2)]
-        job.mkdir(parents=True)
-        (job / "seeds.json").write_text(json.dumps({"job_seconds": seconds, "runs": runs}))
+    for job, digest in run_digests(config).items():
+        study, setting, method = job.split("/")
+        runs = [{"dir": f"seed{s}", "seed": s, "status": "complete"} for s in config["studies"][study]["seeds"]]
+        folder = root / study / "runs" / setting / method
+        folder.mkdir(parents=True)
+        (folder / "seeds.json").write_text(json.dumps({"job_seconds": 900.0, "runs": runs}))
         for run in runs:
-            (job / run["dir"]).mkdir()
-            (job / run["dir"] / "summary.json").write_text(json.dumps(
+            (folder / run["dir"]).mkdir()
+            (folder / run["dir"] / "summary.json").write_text(json.dumps(
                 {"device": "cpu", "machine": {"cpu": "Some CPU", "cpu_capability": "AVX2"}}))
+        marks = root / study / "checkpoints" / setting / method / digest.split()[0]
+        marks.mkdir(parents=True)
+        (marks / "seed0.done.json").write_text("{}")
 
 
-def test_a_complete_run_is_copied_with_where_it_came_from(tmp_path):
-    fake_run(tmp_path / "results")
+def test_a_complete_run_is_copied_with_where_it_came_from(tmp_path, config):
+    fake_run(tmp_path / "results", config)
     out = tmp_path / "snap"
     (out / "old-study").mkdir(parents=True)  # an older snapshot's leftovers go
-    written = snapshot(CONFIG, tmp_path / "results", out, ["config/x.yaml"], "1 h 30 min", commit="abc123")
-    assert sorted(p.relative_to(out).as_posix() for p in written) == [
-        "README.md", "alpha/figures/curves.png", "alpha/tables/table1.md", "beta/tables/table5.md", "scorecard.md"]
-    assert (out / "alpha/tables/table1.md").read_text() == "content of alpha/tables/table1.md"
+    written = snapshot(config, tmp_path / "results", out, ["config/x.yaml"], "1 h 30 min", commit="abc123")
+    assert sorted(p.relative_to(out).as_posix() for p in written) == sorted(
+        ["README.md", "runs.json", *(f.as_posix() for f in snapshot_files(config))])
+    assert "feddisco/tables/table1.md" in {p.relative_to(out).as_posix() for p in written}
+    assert (out / "feddisco/tables/table1.md").read_text() == "content of feddisco/tables/table1.md"
     assert not (out / "old-study").exists()
     readme = (out / "README.md").read_text()
     assert "`abc123`" in readme and "1 h 30 min" in readme and "`config/x.yaml`" in readme
-    assert "Some CPU (AVX2), cpu: 4 runs" in readme
-    assert "| alpha | 1 | 1.00 |" in readme and "| beta | 1 | 0.50 |" in readme and "| all | | 1.50 |" in readme
-    assert "[Table 1: accuracy](alpha/tables/table1.md)" in readme and "(alpha/figures/curves.png)" in readme
+    assert "Some CPU (AVX2), cpu: 12 runs" in readme  # 4 jobs x 3 seeds
+    assert "| feddisco | 4 | 1.00 |" in readme and "| all | | 1.00 |" in readme  # 4 x 900 s
+    assert "(feddisco/tables/table1.md)" in readme and "(feddisco/figures/curves.png)" in readme
+    assert stale_runs(config, json.loads((out / "runs.json").read_text())) == []
 
 
-def test_a_run_missing_a_table_or_a_figure_is_refused_by_name_and_nothing_is_copied(tmp_path):
-    fake_run(tmp_path / "results")
-    (tmp_path / "results/alpha/figures/curves.png").unlink()
-    (tmp_path / "results/beta/tables/table5.md").unlink()
+def test_a_run_missing_a_figure_or_of_another_spec_is_refused_by_name_and_nothing_is_copied(tmp_path, config):
+    fake_run(tmp_path / "results", config)
+    (tmp_path / "results/feddisco/figures/curves.png").unlink()
+    config["studies"]["feddisco"]["methods"]["scaffold"]["hparams"]["x"] = 1  # the config moved on after the run
     with pytest.raises(SystemExit) as err:
-        snapshot(CONFIG, tmp_path / "results", tmp_path / "snap", ["c.yaml"], "1 h", commit="abc")
-    assert "beta/tables/table5.md: missing" in str(err.value)
-    assert "alpha/figures/curves.png: missing" in str(err.value)
+        snapshot(config, tmp_path / "results", tmp_path / "snap", ["c.yaml"], "1 h", commit="abc")
+    assert "feddisco/figures/curves.png: missing" in str(err.value)
+    assert "checkpoints/niid1/scaffold/" in str(err.value)
+    assert "no finished seed of the config's run spec" in str(err.value)
+    assert "scaffold-disco" not in str(err.value)
+    assert not (tmp_path / "snap").exists()
+
+
+def test_a_changed_run_spec_or_seed_list_makes_the_snapshot_stale_by_name(config):
+    recorded = run_digests(config)
+    config["studies"]["feddisco"]["settings"]["niid2"]["partition"]["samples"] = 100
+    assert stale_runs(config, recorded) == ["feddisco/niid2/scaffold: its spec changed since the snapshot",
+                                            "feddisco/niid2/scaffold-disco: its spec changed since the snapshot"]
+    config["studies"]["feddisco"]["seeds"] = [0, 1]
+    assert len(stale_runs(config, recorded)) == 4
+    assert stale_runs(config, {}) == [f"{job}: not in the snapshot" for job in recorded]
+
+
+def test_an_empty_wall_time_is_refused_before_anything_is_read(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["--configfile", "config/laptop-full.yaml", "--out", str(tmp_path / "snap"), "--wall-time", " "])
+    assert "--wall-time is empty" in capsys.readouterr().err
     assert not (tmp_path / "snap").exists()

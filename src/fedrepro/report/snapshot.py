@@ -6,9 +6,10 @@
 Copies the scorecard, every table (Markdown) and every figure (PNG) of the config's studies from its results
 root, and writes a README.md that says where they came from: the commit, the machines the runs ran on (from
 their summary.json), the wall time measured by whoever ran it, and each study's train-job seconds (the split
-of that time). A run missing any table or figure is refused with the names of what is missing: a snapshot is of
-one whole run or of nothing. ``snapshot_problems`` is what
-tests/test_snapshot.py checks the committed snapshot against, so it cannot fall behind the config silently.
+of that time). A run missing any table or figure, or whose train jobs did not run the config's current
+specs, is refused with the names of what is missing: a snapshot is of one whole run or of nothing. runs.json
+records each train job's spec digest and seeds; tests/test_snapshot.py checks the committed snapshot against
+the config with ``snapshot_problems`` and ``stale_runs``, so it cannot fall behind the config silently.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
-from fedrepro.config import REPO, merge_configfiles, resolve_config
+from fedrepro.config import REPO, grid_runs, merge_configfiles, resolve_config, run_spec, spec_digest
 
 MANIFEST = "README.md"
+RUNS = "runs.json"
 
 
 def snapshot_files(config: dict) -> list[Path]:
@@ -37,6 +39,32 @@ def snapshot_files(config: dict) -> list[Path]:
 def snapshot_problems(config: dict, folder: Path) -> list[str]:
     """What a snapshot (or a results root) in ``folder`` lacks for ``config``: one line per missing file."""
     return [f"{folder / f}: missing" for f in snapshot_files(config) if not (folder / f).is_file()]
+
+
+def run_digests(config: dict) -> dict[str, str]:
+    """Each train job of ``config`` (study/setting/method) -> the digest of what it computes (its run spec, as
+    its checkpoint folder is named) and its seeds: what moves a table's numbers when the config changes."""
+    return {f"{study}/{s}/{m}": f"{spec_digest(run_spec(spec, s, m))} seeds {spec['seeds']}"
+            for study, spec in config["studies"].items() for s, m in grid_runs(spec)}
+
+
+def stale_runs(config: dict, snapshot_runs: dict[str, str]) -> list[str]:
+    """The train jobs of ``config`` that the snapshot did not run as configured now, by name."""
+    now = run_digests(config)
+    return [f"{job}: {'not in the snapshot' if job not in snapshot_runs else 'its spec changed since the snapshot'}"
+            for job, digest in now.items() if snapshot_runs.get(job) != digest]
+
+
+def unrun_specs(config: dict, results: Path) -> list[str]:
+    """The train jobs whose results in ``results`` did not come from ``config``'s spec (no checkpoint folder of
+    its digest, where each finished seed leaves its done-marker)."""
+    missing = []
+    for job, digest in run_digests(config).items():
+        study, setting, method = job.split("/")
+        folder = results / study / "checkpoints" / setting / method / digest.split()[0]
+        if not any(folder.glob("seed*.done.json")):
+            missing.append(f"{folder}: no finished seed of the config's run spec")
+    return missing
 
 
 def study_seconds(results: Path, study: str) -> tuple[int, float]:
@@ -106,7 +134,7 @@ def manifest(config: dict, results: Path, configfiles: list[str], wall_time: str
 def snapshot(config: dict, results: Path, out: Path, configfiles: list[str], wall_time: str,
              commit: str | None = None) -> list[Path]:
     """Copy a complete run's scorecard, tables and figures from ``results`` into ``out``; refuse an incomplete one."""
-    if problems := snapshot_problems(config, results):
+    if problems := snapshot_problems(config, results) + unrun_specs(config, results):
         raise SystemExit("not a complete run, nothing copied:\n  " + "\n  ".join(problems))
     if out.exists():
         shutil.rmtree(out)  # a snapshot is one run's: nothing of an older one stays beside it
@@ -116,7 +144,8 @@ def snapshot(config: dict, results: Path, out: Path, configfiles: list[str], wal
         shutil.copyfile(results / f, out / f)
         written.append(out / f)
     (out / MANIFEST).write_text(manifest(config, results, configfiles, wall_time, commit or git_commit()))
-    return written + [out / MANIFEST]
+    (out / RUNS).write_text(json.dumps(run_digests(config), indent=1, sort_keys=True) + "\n")
+    return written + [out / MANIFEST, out / RUNS]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -126,6 +155,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, type=Path, help="the snapshot's folder (replaced)")
     parser.add_argument("--wall-time", required=True, help='the run\'s measured wall time, e.g. "3 h 40 min"')
     args = parser.parse_args(argv)
+    if not args.wall_time.strip():
+        parser.error("--wall-time is empty: give the run's measured wall time (WALL_TIME=... with make)")
     files = [str(REPO / "config" / "config.yaml"), *args.configfile]
     config = resolve_config(merge_configfiles(*files), source=", ".join(args.configfile))
     results = Path(config["results_dir"])
