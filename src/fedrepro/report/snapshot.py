@@ -154,14 +154,16 @@ def main(argv: list[str] | None = None) -> None:
                         help="config files as given to snakemake (config/config.yaml is read first)")
     parser.add_argument("--out", required=True, type=Path, help="the snapshot's folder (replaced)")
     parser.add_argument("--wall-time", required=True, help='the run\'s measured wall time, e.g. "3 h 40 min"')
+    parser.add_argument("--results", type=Path, help="the run's results root (default: the config's results_dir)")
+    parser.add_argument("--commit", help="the commit the run came from (default: this checkout's HEAD)")
     args = parser.parse_args(argv)
     if not args.wall_time.strip():
         parser.error("--wall-time is empty: give the run's measured wall time (WALL_TIME=... with make)")
     files = [str(REPO / "config" / "config.yaml"), *args.configfile]
     config = resolve_config(merge_configfiles(*files), source=", ".join(args.configfile))
-    results = Path(config["results_dir"])
+    results = args.results or Path(config["results_dir"])
     results = results if results.is_absolute() else REPO / results
-    written = snapshot(config, results, args.out, args.configfile, args.wall_time)
+    written = snapshot(config, results, args.out, args.configfile, args.wall_time, args.commit)
     print(f"{len(written)} files written under {args.out}")
 
 
