@@ -3,9 +3,11 @@
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
-from fedrepro.config import REPO, merge_configfiles, resolve_config
+from fedrepro.config import REPO, grid_runs, merge_configfiles, resolve_config
+from fedrepro.report.integrity import write_checked_csv
 from fedrepro.report.snapshot import main, run_digests, snapshot, snapshot_files, stale_runs
 
 
@@ -16,7 +18,13 @@ def config():
 
 
 def fake_run(root: Path, config: dict) -> None:
-    """What a finished run of ``config`` leaves: its artifacts, each job's seeds.json and checkpoint markers."""
+    """What a finished run of ``config`` leaves: its artifacts, each job's seeds.json and checkpoint markers, and
+    each study's summary.csv (one row a run, with the machine it ran on)."""
+    for study, spec in config["studies"].items():
+        rows = [{"setting": s, "method": m, "seed": seed, "cpu": "Some CPU", "cpu_capability": "AVX2"}
+                for s, m in grid_runs(spec) for seed in spec["seeds"]]
+        (root / study).mkdir(parents=True, exist_ok=True)
+        write_checked_csv(pd.DataFrame(rows), root / study / "summary.csv")
     for f in snapshot_files(config):
         (root / f).parent.mkdir(parents=True, exist_ok=True)
         (root / f).write_text(f"content of {f}")
@@ -26,10 +34,6 @@ def fake_run(root: Path, config: dict) -> None:
         folder = root / study / "runs" / setting / method
         folder.mkdir(parents=True)
         (folder / "seeds.json").write_text(json.dumps({"job_seconds": 900.0, "runs": runs}))
-        for run in runs:
-            (folder / run["dir"]).mkdir()
-            (folder / run["dir"] / "summary.json").write_text(json.dumps(
-                {"device": "cpu", "machine": {"cpu": "Some CPU", "cpu_capability": "AVX2"}}))
         marks = root / study / "checkpoints" / setting / method / digest.split()[0]
         marks.mkdir(parents=True)
         (marks / "seed0.done.json").write_text("{}")
@@ -47,7 +51,7 @@ def test_a_complete_run_is_copied_with_where_it_came_from(tmp_path, config):
     assert not (out / "old-study").exists()
     readme = (out / "README.md").read_text()
     assert "`abc123`" in readme and "1 h 30 min" in readme and "`config/x.yaml`" in readme
-    assert "Some CPU (AVX2), cpu: 12 runs" in readme  # 4 jobs x 3 seeds
+    assert "Some CPU (AVX2): 12 runs" in readme  # 4 jobs x 3 seeds
     assert "| feddisco | 4 | 1.00 |" in readme and "| all | | 1.00 |" in readme  # 4 x 900 s
     assert "(feddisco/tables/table1.md)" in readme and "(feddisco/figures/curves.png)" in readme
     assert stale_runs(config, json.loads((out / "runs.json").read_text())) == []

@@ -4,12 +4,13 @@
         --wall-time "3 h 40 min"
 
 Copies the scorecard, every table (Markdown) and every figure (PNG) of the config's studies from its results
-root, and writes a README.md that says where they came from: the commit, the machines the runs ran on (from
-their summary.json), the wall time measured by whoever ran it, and each study's train-job seconds (the split
-of that time). A run missing any table or figure, or whose train jobs did not run the config's current
-specs, is refused with the names of what is missing: a snapshot is of one whole run or of nothing. runs.json
-records each train job's spec digest and seeds; tests/test_snapshot.py checks the committed snapshot against
-the config with ``snapshot_problems`` and ``stale_runs``, so it cannot fall behind the config silently.
+root, and writes a README.md that says where they came from: the commit, the machines the runs ran on (the
+scorecard's line, from each study's summary.csv), the wall time measured by whoever ran it, and each study's
+train-job seconds (the split of that time). A run missing any table or figure, or whose train jobs did not run
+the config's current specs, is refused with the names of what is missing: a snapshot is of one whole run or of
+nothing. runs.json records each train job's spec digest and seeds; tests/test_snapshot.py checks the committed
+snapshot against the config with ``snapshot_problems`` and ``stale_runs``, so it cannot fall behind the config
+silently.
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ import argparse
 import json
 import shutil
 import subprocess
-from collections import Counter
 from pathlib import Path
 
+import pandas as pd
+
 from fedrepro.config import REPO, grid_runs, merge_configfiles, resolve_config, run_spec, spec_digest
+from fedrepro.report.integrity import read_checked_csv
+from fedrepro.report.scorecard import machines_line
 
 MANIFEST = "README.md"
 RUNS = "runs.json"
@@ -78,14 +82,11 @@ def study_seconds(results: Path, study: str) -> tuple[int, float]:
     return jobs, seconds
 
 
-def machines(results: Path) -> Counter:
-    """How many runs came from each (CPU, torch CPU capability, device), from every run's summary.json."""
-    seen: Counter = Counter()
-    for summary in results.glob("*/runs/*/*/seed*/summary.json"):
-        run = json.loads(summary.read_text())
-        m = run.get("machine") or {}
-        seen[f"{m.get('cpu', 'unknown CPU')} ({m.get('cpu_capability', '?')}), {run.get('device', '?')}"] += 1
-    return seen
+def machines(config: dict, results: Path) -> str | None:
+    """The scorecard's machines line (CPU, torch CPU capability, runs) over every study's summary.csv, read
+    checked against its sha256 as the scorecard reads it."""
+    frames = [read_checked_csv(results / study / "summary.csv") for study in config["studies"]]
+    return machines_line(pd.concat(frames, ignore_index=True))
 
 
 def git_commit(root: Path = REPO) -> str:
@@ -111,8 +112,7 @@ def manifest(config: dict, results: Path, configfiles: list[str], wall_time: str
         "",
         f"- commit: `{commit}`",
         f"- wall time: {wall_time}",
-        "- machines the runs came from (CPU, torch CPU capability, device): "
-        + "; ".join(f"{m}: {n} runs" for m, n in sorted(machines(results).items())),
+        f"- {machines(config, results) or 'Machines: not recorded by these runs.'}",
         "",
         "| study | train jobs | their wall time, summed (core-hours at one thread a job) |",
         "|---|---:|---:|",
