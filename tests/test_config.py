@@ -181,6 +181,7 @@ def test_results_outside_the_working_directory_need_the_opt_in(config, tmp_path)
 
 def test_compare_levels_is_the_tables_own_or_else_the_scales(config):
     study(config)["tables"]["table1"]["compare_levels"] = True
+    study(config)["tables"]["table2"].pop("compare_levels", None)  # unset: the scale's default decides
     embedded = resolve_config(config)["studies"]["feddisco"]["tables"]
     assert embedded["table1"]["compare_levels"] is True and embedded["table2"]["compare_levels"] is False
     study(config)["tables"]["table1"]["compare_levels"] = False
