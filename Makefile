@@ -60,6 +60,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/engine.py --preset peers --clients 10 20 50 100 --rounds 5
 	$(BIN)/python benchmarks/memory.py
 	$(BIN)/python benchmarks/roofline.py
+	$(BIN)/python benchmarks/pool_order.py
 
 cost: $(VENV)/.installed
 	$(BIN)/python -m fedrepro.cost --configfile config/paper.yaml

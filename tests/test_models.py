@@ -65,6 +65,43 @@ def test_cnn4_dims() -> None:
     assert build_model("cnn4", (28, 28, 1), 10).body[7].in_features == 1024
 
 
+POOL_FIRST = ["simple_cnn", "lenet5", "cnn4", "cnn3", "cnn3_small"]
+
+
+def papers_order(body: nn.Sequential) -> nn.Sequential:
+    """The same modules (shared parameters) with every max-pool + ReLU pair back in the papers' ReLU, pool order."""
+    mods = list(body)
+    swaps = 0
+    for i in range(len(mods) - 1):
+        if isinstance(mods[i], nn.MaxPool2d) and isinstance(mods[i + 1], nn.ReLU):
+            mods[i], mods[i + 1] = mods[i + 1], mods[i]
+            swaps += 1
+    assert swaps, "no pool-then-ReLU pair to swap"
+    return nn.Sequential(*mods)
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("name", POOL_FIRST)
+def test_pool_before_relu_is_exact(name: str, channels_last: bool) -> None:
+    """Pooling before the ReLU (for speed) gives the papers' conv-ReLU-pool outputs and gradients bit for bit."""
+    torch.manual_seed(3)
+    model = build_model(name, (28, 28, 1), 10)
+    reference = papers_order(model.body)
+    x = torch.randn(32, 1, 28, 28) - 0.3  # many windows wholly negative: the ReLU's zeros, ties in the pool
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (32,))
+    grads = []
+    for body in (model.body, reference):
+        model.zero_grad()
+        out = model.head(body(x))
+        nn.functional.cross_entropy(out, y).backward()
+        grads.append((out.detach(), [p.grad.clone() for p in model.parameters()]))
+    (out_a, grads_a), (out_b, grads_b) = grads
+    assert torch.equal(out_a, out_b)
+    assert all(torch.equal(a, b) for a, b in zip(grads_a, grads_b, strict=True))
+
+
 def test_resnet18_gn() -> None:
     m = build_model("resnet18_gn", (32, 32, 3), 10)
     assert m.feature_dim == 512

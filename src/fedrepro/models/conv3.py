@@ -17,7 +17,9 @@ def _conv3(shape: tuple[int, int, int], num_classes: int, widths: tuple[int, int
     for width in widths:
         layers += [nn.Conv2d(c, width, 3, padding=1), nn.ReLU()]
         c = width
-    layers += [nn.MaxPool2d(2), nn.Flatten(), nn.Linear(c * (h // 2) * (w // 2), hidden), nn.ReLU()]
+    # the last ReLU after the pool: the same outputs and gradients, on a quarter of the values (models/cnn.py)
+    layers[-1:] = [nn.MaxPool2d(2), nn.ReLU()]
+    layers += [nn.Flatten(), nn.Linear(c * (h // 2) * (w // 2), hidden), nn.ReLU()]
     return SplitModel(nn.Sequential(*layers), hidden, num_classes)
 
 
