@@ -8,9 +8,11 @@ CORES ?= $(shell nproc 2>/dev/null || echo 2)
 .PHONY: run test browser fashion-mnist laptop-full snapshot-laptop-full lint bench cost preflight clean-results \
 	clean-paper-results
 
+# --no-compile: pip would byte-compile all ~12,000 modules (~40 s of one core, mostly torch's); Python compiles
+# the few hundred a job imports on first use and caches them in the venv
 $(VENV)/.installed: requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile -r requirements.lock
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $@
 
