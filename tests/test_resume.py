@@ -93,3 +93,33 @@ def test_sigterm_checkpoints_the_current_round_exits_nonzero_and_resumes(inputs,
     assert ckpt["round"] == stopped < 30  # saved at the round it stopped, not only at the interval
     resumed = run_here(inputs, tmp_path / "preempted")
     pd.testing.assert_frame_equal(resumed, reference)
+    # the job's seconds count the preempted attempt's training too (seeds.json's job_seconds)
+    data, part = inputs
+    again = train_job(SPEC, data, {0: part}, {0: tmp_path / "again" / "seed0"}, tmp_path / "again" / "ckpt")
+    assert again[0].earlier_seconds == 0.0
+    proc = start_in_subprocess(inputs, tmp_path / "twice")
+    wait_for_checkpoint(proc, tmp_path / "twice" / "ckpt" / "seed0.pt", at_least=3)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    at_stop = torch.load(tmp_path / "twice" / "ckpt" / "seed0.pt", weights_only=False)["seconds"]
+    result = train_job(SPEC, data, {0: part}, {0: tmp_path / "twice" / "seed0"}, tmp_path / "twice" / "ckpt")
+    assert result[0].earlier_seconds == pytest.approx(at_stop) and at_stop > 0
+
+
+def test_job_seconds_count_seeds_finished_by_an_earlier_attempt(inputs, tmp_path):
+    """A job rerun after its seeds finished (a stop between seeds, say) reports the whole job's seconds, not
+    only the last process's: each finished seed's training seconds are added (pipeline.train, seeds.json)."""
+    from fedrepro.pipeline import train
+
+    data, part = inputs
+    index = tmp_path / "runs" / "seeds.json"
+    args = dict(spec=SPEC, data=data, partitions=[part], seeds=[0], index=index, checkpoint_dir=tmp_path / "ckpt",
+                device="cpu", threads=1, log=lambda m: None)
+    train(**args, started=time.perf_counter())
+    first = json.loads(index.read_text())["job_seconds"]
+    trained = json.loads((tmp_path / "runs" / "seed0" / "summary.json").read_text())["seconds"]
+    assert first >= trained > 0
+    started = time.perf_counter()
+    train(**args, started=started)  # the seed's marker matches: nothing trains
+    wall = time.perf_counter() - started
+    assert json.loads(index.read_text())["job_seconds"] == pytest.approx(trained + wall, abs=0.05)

@@ -103,7 +103,8 @@ def train(spec: dict, data: Path, partitions: list[Path], seeds: list[int], inde
           engine: dict | None = None, started: float | None = None, keep_checkpoints: bool = False,
           keep_model: bool = False) -> None:
     """Every seed of one method x setting; ``index`` (seeds.json) is written last and lists the folders and,
-    given ``started`` (time.perf_counter() at the job's start), the job's wall seconds. A finished seed keeps
+    given ``started`` (time.perf_counter() at the job's start), the job's wall seconds: this process's, plus the
+    training seconds earlier attempts spent on its seeds (after a preemption or a stop). A finished seed keeps
     its run folder and a marker, its last checkpoint only with ``keep_checkpoints``, its final model with
     ``keep_model`` (train.run_seeds)."""
     import time
@@ -122,7 +123,8 @@ def train(spec: dict, data: Path, partitions: list[Path], seeds: list[int], inde
     )
     atomic_write_json(index, {"runs": [
         {"seed": s, "dir": out_dirs[s].name, "status": r.status} for s, r in results.items()
-    ], **({"job_seconds": round(time.perf_counter() - started, 2)} if started is not None else {})})
+    ], **({"job_seconds": round(time.perf_counter() - started + sum(r.earlier_seconds for r in results.values()), 2)}
+          if started is not None else {})})
 
 
 def finetune(spec: dict, runs_index: Path, source: Path, target: Path, checkpoint_dir: Path, index: Path,

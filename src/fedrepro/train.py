@@ -19,7 +19,7 @@ import torch
 import fedrepro
 from fedrepro.algorithms import build_algorithm
 from fedrepro.data.format import Prepared, load_prepared
-from fedrepro.io import atomic_write_json, atomic_write_text, remove_checksummed
+from fedrepro.io import atomic_write_json, atomic_write_text, read_json, remove_checksummed
 from fedrepro.models import build_model
 from fedrepro.partition import load_partition, longtail_test_indices, stratified_subset
 from fedrepro.seeding import INIT, derive_seed
@@ -214,7 +214,8 @@ def run_seeds(
         if done:
             log(f"{tag}: finished ({done['status']}) as {files.marker} says, its metrics unchanged: not trained again")
             results[seed] = RunResult(status=done["status"], diverged_round=done["diverged_round"],
-                                      stopped_round=done["stopped_round"])
+                                      stopped_round=done["stopped_round"],
+                                      earlier_seconds=float(read_json(out / "summary.json").get("seconds") or 0.0))
         else:
             log(f"{tag}: {len(parts)} clients, model {spec['model']}, device {dev}")
             torch.manual_seed(derive_seed(seed, INIT))

@@ -161,6 +161,7 @@ def resume_progress(resumed: dict[str, Any], result: Any) -> tuple[int, int, int
     so far: what every engine's resume shares (each restores its own state beside it)."""
     result.history = resumed["history"]
     result.status, result.diverged_round = resumed["status"], resumed["diverged_round"]
+    result.earlier_seconds = float(resumed["seconds"])
     return resumed["round"] + 1, resumed["bytes_up"], resumed["bytes_down"], resumed["seconds"]
 
 

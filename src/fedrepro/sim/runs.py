@@ -50,6 +50,9 @@ class RunResult:
     diverged_round: int | None = None
     per_class_acc: list[float] | None = None  # of the final model, in percent
     stopped_round: int | None = None  # the round early stopping ended the run at (TrainingConfig.early_stop)
+    # training seconds earlier processes spent on this run (a resumed checkpoint's; all of a seed finished before),
+    # so that a job's wall seconds (seeds.json) count the whole job, not its last attempt
+    earlier_seconds: float = 0.0
 
 
 def to_device(obj: Any, device: torch.device | str) -> Any:
