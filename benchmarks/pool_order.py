@@ -20,16 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedrepro.models import build_model
+from fedrepro.models.cnn import papers_order
 from fedrepro.sim.flat import FlatModel
-
-
-def papers_order(body: nn.Sequential) -> nn.Sequential:
-    """The same modules with each max-pool + ReLU pair in the papers' ReLU, pool order."""
-    mods = list(body)
-    for i in range(len(mods) - 1):
-        if isinstance(mods[i], nn.MaxPool2d) and isinstance(mods[i + 1], nn.ReLU):
-            mods[i], mods[i + 1] = mods[i + 1], mods[i]
-    return nn.Sequential(*mods)
 
 
 def step_ms(model: nn.Module, body: nn.Module, flat: FlatModel, x: torch.Tensor, y: torch.Tensor,

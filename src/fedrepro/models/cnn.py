@@ -26,6 +26,16 @@ def _after_conv_pool(size: int, kernel: int, padding: int) -> int:
     return out // 2
 
 
+def papers_order(body: nn.Sequential) -> nn.Sequential:
+    """The same modules (shared parameters) with each max-pool + ReLU pair back in the papers' ReLU, pool order:
+    the reference that tests/test_models.py and benchmarks/pool_order.py hold the pool-first models against."""
+    mods = list(body)
+    for i in range(len(mods) - 1):
+        if isinstance(mods[i], nn.MaxPool2d) and isinstance(mods[i + 1], nn.ReLU):
+            mods[i], mods[i + 1] = mods[i + 1], mods[i]
+    return nn.Sequential(*mods)
+
+
 def _two_conv_mlp(
     shape: tuple[int, int, int], channels: tuple[int, int], hidden: tuple[int, ...], padding: int = 0
 ) -> tuple[nn.Sequential, int]:
