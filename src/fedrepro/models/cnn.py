@@ -43,7 +43,7 @@ def _two_conv_mlp(
 
     Each block pools before its ReLU: max-pooling commutes with any non-decreasing function, so the outputs and
     gradients are those of the papers' conv-ReLU-pool order bit for bit (tests/test_models.py), and the ReLU and
-    its backward touch a quarter of the values (the simple CNN's training step ~12% faster on one CPU core:
+    its backward touch a quarter of the values (a training step of the simple CNN 0.80-0.93x on one CPU core:
     benchmarks/pool_order.py). Parameter names are unchanged (body.0, body.3, body.7, ...).
     """
     h, w, c = shape
