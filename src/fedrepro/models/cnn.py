@@ -39,7 +39,7 @@ def papers_order(body: nn.Sequential) -> nn.Sequential:
 def _two_conv_mlp(
     shape: tuple[int, int, int], channels: tuple[int, int], hidden: tuple[int, ...], padding: int = 0
 ) -> tuple[nn.Sequential, int]:
-    """conv5x5 ReLU maxpool2 (x2), flatten, then Linear+ReLU per ``hidden`` width; returns (body, dim).
+    """conv5x5 maxpool2 ReLU (x2), flatten, then Linear+ReLU per ``hidden`` width; returns (body, dim).
 
     Each block pools before its ReLU: max-pooling commutes with any non-decreasing function, so the outputs and
     gradients are those of the papers' conv-ReLU-pool order bit for bit (tests/test_models.py), and the ReLU and
