@@ -48,10 +48,11 @@ laptop-full: $(VENV)/.installed fashion-mnist
 	$(BIN)/snakemake --cores $(CORES) --configfile config/laptop-full.yaml \
 	  -P results/laptop-full/feddle-fmnist/tables/table5.md
 
-# copy a complete laptop-full run's scorecard, tables and figures into docs/results/laptop-full (WALL_TIME: as measured)
+# copy a complete laptop-full run's scorecard, tables and figures into docs/results/laptop-full (WALL_TIME: as measured;
+# REFRESH=study ...: replace only those studies' files, from a run of them alone: README, "laptop-full")
 snapshot-laptop-full: $(VENV)/.installed
 	$(BIN)/python -m fedrepro.report.snapshot --configfile config/laptop-full.yaml --out docs/results/laptop-full \
-	  --wall-time "$(WALL_TIME)"
+	  --wall-time "$(WALL_TIME)" $(if $(REFRESH),--refresh $(REFRESH))
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check src tests benchmarks workflow/scripts

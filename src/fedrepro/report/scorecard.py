@@ -455,9 +455,19 @@ def machines_line(summary: pd.DataFrame) -> str | None:
     with its number of runs, most runs first; None when no run recorded its machine."""
     if not set(MACHINE) <= set(summary.columns):
         return None
+    return machines_text(machine_counts(summary))
+
+
+def machine_counts(summary: pd.DataFrame) -> dict[tuple[str, str], int]:
+    """(CPU, torch CPU capability) -> runs of summary.csv's rows, "not recorded" where a run has none."""
     machines = summary[MACHINE].fillna("").replace("", "not recorded")
-    counts = machines.value_counts(sort=False).sort_index().sort_values(ascending=False, kind="stable")
-    parts = [f"{cpu} ({capability}): {n} run{'s' * (n != 1)}" for (cpu, capability), n in counts.items()]
+    return {(str(cpu), str(capability)): int(n) for (cpu, capability), n in machines.value_counts().items()}
+
+
+def machines_text(counts: dict[tuple[str, str], int]) -> str:
+    """The machines line of ``counts`` (machine_counts, or their sum over studies): most runs first, then by name."""
+    ordered = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    parts = [f"{cpu} ({capability}): {n} run{'s' * (n != 1)}" for (cpu, capability), n in ordered]
     return f"Machines (CPU, torch CPU capability) the runs came from: {'; '.join(parts)}."
 
 

@@ -8,27 +8,35 @@ root, and writes a README.md that says where they came from: the commit, the mac
 scorecard's line, from each study's summary.csv), the wall time measured by whoever ran it, and each study's
 train-job seconds (the split of that time). A run missing any table or figure, or whose train jobs did not run
 the config's current specs, is refused with the names of what is missing: a snapshot is of one whole run or of
-nothing. runs.json records each train job's spec digest and seeds; tests/test_snapshot.py checks the committed
-snapshot against the config with ``snapshot_problems`` and ``stale_runs``, so it cannot fall behind the config
-silently.
+nothing. runs.json records each train job's spec digest and seeds, provenance.json each study's commit, wall
+time, job seconds and machines; tests/test_snapshot.py checks the committed snapshot against the config with
+``snapshot_problems`` and ``stale_runs``, so it cannot fall behind the config silently.
+
+    python -m fedrepro.report.snapshot --configfile config/laptop-full.yaml --out docs/results/laptop-full \
+        --refresh feddisco --results /elsewhere/results/laptop-full --wall-time "2 h 10 min"
+
+replaces one study's files (a change that moves only its numbers) from a complete run of that study alone
+(``snakemake --configfile config/laptop-full.yaml --config 'studies_only=["feddisco"]'``): its tables, figures,
+scorecard section, digests and provenance; every other study's files stay those of their own complete run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
-import pandas as pd
-
 from fedrepro.config import REPO, grid_runs, merge_configfiles, resolve_config, run_spec, spec_digest
+from fedrepro.report.collect import MACHINE
 from fedrepro.report.integrity import read_checked_csv
-from fedrepro.report.scorecard import machines_line
+from fedrepro.report.scorecard import machine_counts, machines_text
 
 MANIFEST = "README.md"
 RUNS = "runs.json"
+PROVENANCE = "provenance.json"
 
 
 def snapshot_files(config: dict) -> list[Path]:
@@ -82,11 +90,15 @@ def study_seconds(results: Path, study: str) -> tuple[int, float]:
     return jobs, seconds
 
 
-def machines(config: dict, results: Path) -> str | None:
-    """The scorecard's machines line (CPU, torch CPU capability, runs) over every study's summary.csv, read
-    checked against its sha256 as the scorecard reads it."""
-    frames = [read_checked_csv(results / study / "summary.csv") for study in config["studies"]]
-    return machines_line(pd.concat(frames, ignore_index=True))
+def study_provenance(results: Path, study: str, commit: str, wall_time: str) -> dict:
+    """Where one study's snapshot files came from: the commit and wall time of its run, its train jobs and their
+    summed seconds (study_seconds), and the machines of its runs (summary.csv, read checked against its
+    sha256 as the scorecard reads it)."""
+    jobs, seconds = study_seconds(results, study)
+    summary = read_checked_csv(results / study / "summary.csv")
+    counts = machine_counts(summary) if set(MACHINE) <= set(summary.columns) else {}
+    return {"commit": commit, "wall_time": wall_time, "jobs": jobs, "seconds": round(seconds, 1),
+            "machines": [[cpu, capability, n] for (cpu, capability), n in sorted(counts.items())]}
 
 
 def git_commit(root: Path = REPO) -> str:
@@ -97,26 +109,36 @@ def git_commit(root: Path = REPO) -> str:
     return (head or "unknown") + (" (with uncommitted changes)" if dirty else "")
 
 
-def manifest(config: dict, results: Path, configfiles: list[str], wall_time: str, commit: str) -> str:
-    rows = []
-    total = 0.0
+def manifest(config: dict, provenance: dict[str, dict], configfiles: list[str]) -> str:
+    """The snapshot's README: where each study's files came from (provenance: study -> study_provenance), the
+    split of the train-job hours, and a link to every table and figure."""
+    runs: dict[tuple[str, str], list[str]] = {}
     for study in config["studies"]:
-        jobs, seconds = study_seconds(results, study)
-        total += seconds
-        rows.append(f"| {study} | {jobs} | {seconds / 3600:.2f} |")
+        runs.setdefault((provenance[study]["commit"], provenance[study]["wall_time"]), []).append(study)
+    machines: dict[tuple[str, str], int] = {}
+    for study in config["studies"]:
+        for cpu, capability, n in provenance[study]["machines"]:
+            machines[cpu, capability] = machines.get((cpu, capability), 0) + n
+    if len(runs) == 1:
+        (commit, wall_time), = runs
+        origin = [f"- commit: `{commit}`", f"- wall time: {wall_time}"]
+    else:  # a refreshed snapshot: each study's files are still one complete run of its train jobs
+        origin = [line for (commit, wall_time), studies in runs.items()
+                  for line in (f"- {', '.join(studies)}: commit `{commit}`", f"  - wall time: {wall_time}")]
+    total = sum(provenance[study]["seconds"] for study in config["studies"])
     lines = [
-        f"# One complete run of `{' '.join(configfiles)}`",
+        f"# {'One complete run' if len(runs) == 1 else 'Complete runs, one per study,'} of `{' '.join(configfiles)}`",
         "",
         "Copied by `python -m fedrepro.report.snapshot` from a run's results root, so the results can be read",
         "without running anything. Regenerate it whenever a change moves these numbers.",
         "",
-        f"- commit: `{commit}`",
-        f"- wall time: {wall_time}",
-        f"- {machines(config, results) or 'Machines: not recorded by these runs.'}",
+        *origin,
+        f"- {machines_text(machines) if machines else 'Machines: not recorded by these runs.'}",
         "",
         "| study | train jobs | their wall time, summed (core-hours at one thread a job) |",
         "|---|---:|---:|",
-        *rows,
+        *(f"| {study} | {provenance[study]['jobs']} | {provenance[study]['seconds'] / 3600:.2f} |"
+          for study in config["studies"]),
         f"| all | | {total / 3600:.2f} |",
         "",
         "[The scorecard](scorecard.md): per table, the cells against the published ones, the paper's claims with",
@@ -131,6 +153,14 @@ def manifest(config: dict, results: Path, configfiles: list[str], wall_time: str
     return "\n".join(lines)
 
 
+def _write_index(config: dict, out: Path, configfiles: list[str], provenance: dict[str, dict],
+                 digests: dict[str, str]) -> list[Path]:
+    (out / PROVENANCE).write_text(json.dumps(provenance, indent=1, sort_keys=True) + "\n")
+    (out / RUNS).write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
+    (out / MANIFEST).write_text(manifest(config, provenance, configfiles))
+    return [out / MANIFEST, out / RUNS, out / PROVENANCE]
+
+
 def snapshot(config: dict, results: Path, out: Path, configfiles: list[str], wall_time: str,
              commit: str | None = None) -> list[Path]:
     """Copy a complete run's scorecard, tables and figures from ``results`` into ``out``; refuse an incomplete one."""
@@ -143,9 +173,73 @@ def snapshot(config: dict, results: Path, out: Path, configfiles: list[str], wal
         (out / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(results / f, out / f)
         written.append(out / f)
-    (out / MANIFEST).write_text(manifest(config, results, configfiles, wall_time, commit or git_commit()))
-    (out / RUNS).write_text(json.dumps(run_digests(config), indent=1, sort_keys=True) + "\n")
-    return written + [out / MANIFEST, out / RUNS]
+    commit = commit or git_commit()
+    provenance = {study: study_provenance(results, study, commit, wall_time) for study in config["studies"]}
+    return written + _write_index(config, out, configfiles, provenance, run_digests(config))
+
+
+def scorecard_sections(text: str) -> tuple[list[str], dict[str, list[str]]]:
+    """A scorecard's lines before its first study, and each study's section (from its "## study" heading)."""
+    preamble: list[str] = []
+    sections: dict[str, list[str]] = {}
+    current = preamble
+    for line in text.split("\n"):
+        if line.startswith("## "):
+            current = sections.setdefault(line[3:].strip(), [])
+        current.append(line)
+    return preamble, sections
+
+
+def splice_scorecard(old: str, new: str, studies: list[str]) -> str:
+    """``old`` scorecard with the sections of ``studies`` taken from ``new`` (a scorecard of those studies alone)
+    and the all-studies count of published cells shown summed again from the sections' own counts. The rest of
+    the preamble depends on the config alone (which tables compare levels), not on any run's numbers."""
+    preamble, sections = scorecard_sections(old)
+    _, fresh = scorecard_sections(new)
+    for study in studies:
+        if study not in fresh:
+            raise SystemExit(f"the run's scorecard has no section for {study!r}: nothing copied")
+        sections[study] = fresh[study]
+    shown = [re.search(r"^Published cells shown: (\d+) / (\d+)\.$", "\n".join(lines), re.M)
+             for lines in sections.values()]
+    if all(shown):
+        total = (sum(int(m[1]) for m in shown), sum(int(m[2]) for m in shown))
+        preamble = [re.sub(r"^(Published cells shown, all studies[^:]*): \d+ / \d+\.$",
+                           lambda m: f"{m[1]}: {total[0]} / {total[1]}.", line) for line in preamble]
+    return "\n".join(preamble + [line for lines in sections.values() for line in lines])
+
+
+def refresh(config: dict, results: Path, out: Path, studies: list[str], configfiles: list[str], wall_time: str,
+            commit: str | None = None) -> list[Path]:
+    """Replace the files of ``studies`` in the complete snapshot ``out`` with those of a complete run of these
+    studies alone (``studies_only``) in ``results``: their tables and figures, their scorecard sections, their
+    train jobs' digests and where they came from. The other studies' files stay as they are, each still one
+    complete run of its own; refused, with nothing written, unless both are whole."""
+    for study in studies:
+        if study not in config["studies"]:
+            raise SystemExit(f"--refresh: unknown study {study!r}; known: {sorted(config['studies'])}")
+    only = {**config, "studies": {s: config["studies"][s] for s in studies}}
+    problems = snapshot_problems(config, out) + [f"{out / f}: missing" for f in (RUNS, PROVENANCE)
+                                                 if not (out / f).is_file()]
+    problems += snapshot_problems(only, results) + unrun_specs(only, results)
+    if problems:
+        raise SystemExit("not a complete snapshot and run, nothing copied:\n  " + "\n  ".join(problems))
+    scorecard = splice_scorecard((out / "scorecard.md").read_text(), (results / "scorecard.md").read_text(), studies)
+    commit = commit or git_commit()
+    provenance = json.loads((out / PROVENANCE).read_text())
+    digests = json.loads((out / RUNS).read_text())
+    written = []
+    for study in studies:
+        shutil.rmtree(out / study)  # nothing of the study's older run stays beside the new one
+        digests = {job: d for job, d in digests.items() if not job.startswith(f"{study}/")}
+        provenance[study] = study_provenance(results, study, commit, wall_time)
+    digests |= run_digests(only)
+    for f in snapshot_files(only)[1:]:  # [0]: the scorecard, spliced
+        (out / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(results / f, out / f)
+        written.append(out / f)
+    (out / "scorecard.md").write_text(scorecard)
+    return written + [out / "scorecard.md"] + _write_index(config, out, configfiles, provenance, digests)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -156,6 +250,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--wall-time", required=True, help='the run\'s measured wall time, e.g. "3 h 40 min"')
     parser.add_argument("--results", type=Path, help="the run's results root (default: the config's results_dir)")
     parser.add_argument("--commit", help="the commit the run came from (default: this checkout's HEAD)")
+    parser.add_argument("--refresh", nargs="+", metavar="STUDY",
+                        help="replace only these studies' files in the existing snapshot --out, from a complete run "
+                             "of them alone (--config studies_only=[...]); the others stay as they are")
     args = parser.parse_args(argv)
     if not args.wall_time.strip():
         parser.error("--wall-time is empty: give the run's measured wall time (WALL_TIME=... with make)")
@@ -163,7 +260,10 @@ def main(argv: list[str] | None = None) -> None:
     config = resolve_config(merge_configfiles(*files), source=", ".join(args.configfile))
     results = args.results or Path(config["results_dir"])
     results = results if results.is_absolute() else REPO / results
-    written = snapshot(config, results, args.out, args.configfile, args.wall_time, args.commit)
+    if args.refresh:
+        written = refresh(config, results, args.out, args.refresh, args.configfile, args.wall_time, args.commit)
+    else:
+        written = snapshot(config, results, args.out, args.configfile, args.wall_time, args.commit)
     print(f"{len(written)} files written under {args.out}")
 
 
