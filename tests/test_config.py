@@ -32,7 +32,7 @@ def test_embedded_config_resolves_with_defaults(config):
     assert spec["weighting"] == {"kind": "size"}  # a schema default
     assert spec["training"]["join_ratio"] == 1.0  # a schema default
     assert spec["training"]["batch_size"] == 64  # the study's value
-    assert spec["training"]["rounds"] == 80  # the study's value (the schema default is 20)
+    assert spec["training"]["rounds"] == 120  # the study's value (the schema default is 20)
     assert spec["training"]["drop_last"] is True  # FedDisco's code drops the short last batch
     assert run_spec(resolved["studies"]["fedl2g"], "pat", "fml")["training"]["drop_last"] is True  # HtFLlib's
     fedgtst = resolve_config(laptop_full_config())["studies"]["fedgtst"]

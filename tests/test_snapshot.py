@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import laptop_full_config
 
 from fedrepro.config import REPO, grid_runs, merge_configfiles, resolve_config
 from fedrepro.report.integrity import write_checked_csv
@@ -23,7 +24,7 @@ from fedrepro.report.snapshot import (
 
 
 def laptop_full() -> dict:
-    return resolve_config(merge_configfiles(REPO / "config/config.yaml", REPO / "config/laptop-full.yaml"))
+    return resolve_config(laptop_full_config())
 
 
 @pytest.fixture
