@@ -453,13 +453,15 @@ def coverage_line(shown_total: tuple[int, int] | list[int], what: str = "") -> s
 def machines_line(summary: pd.DataFrame) -> str | None:
     """Which machines a study's runs (summary.csv) came from: each distinct CPU model and torch CPU capability
     with its number of runs, most runs first; None when no run recorded its machine."""
-    if not set(MACHINE) <= set(summary.columns):
-        return None
-    return machines_text(machine_counts(summary))
+    counts = machine_counts(summary)
+    return machines_text(counts) if counts else None
 
 
 def machine_counts(summary: pd.DataFrame) -> dict[tuple[str, str], int]:
-    """(CPU, torch CPU capability) -> runs of summary.csv's rows, "not recorded" where a run has none."""
+    """(CPU, torch CPU capability) -> runs of summary.csv's rows, "not recorded" where a run has none; empty
+    when no run recorded its machine (summary.csv without the machine columns)."""
+    if not set(MACHINE) <= set(summary.columns):
+        return {}
     machines = summary[MACHINE].fillna("").replace("", "not recorded")
     return {(str(cpu), str(capability)): int(n) for (cpu, capability), n in machines.value_counts().items()}
 

@@ -30,10 +30,10 @@ import subprocess
 from pathlib import Path
 
 from fedrepro.config import REPO, grid_runs, merge_configfiles, resolve_config, run_spec, spec_digest
-from fedrepro.report.collect import MACHINE
 from fedrepro.report.integrity import read_checked_csv
 from fedrepro.report.scorecard import machine_counts, machines_text
 
+SCORECARD = Path("scorecard.md")
 MANIFEST = "README.md"
 RUNS = "runs.json"
 PROVENANCE = "provenance.json"
@@ -41,7 +41,7 @@ PROVENANCE = "provenance.json"
 
 def snapshot_files(config: dict) -> list[Path]:
     """The files a snapshot of ``config``'s run holds, relative to its results root (and to the snapshot)."""
-    files = [Path("scorecard.md")]
+    files = [SCORECARD]
     for study, spec in config["studies"].items():
         files += [Path(study, "tables", f"{t}.md") for t in spec["tables"]]
         files += [Path(study, "figures", f"{f}.png") for f in spec["figures"]]
@@ -95,8 +95,7 @@ def study_provenance(results: Path, study: str, commit: str, wall_time: str) -> 
     summed seconds (study_seconds), and the machines of its runs (summary.csv, read checked against its
     sha256 as the scorecard reads it)."""
     jobs, seconds = study_seconds(results, study)
-    summary = read_checked_csv(results / study / "summary.csv")
-    counts = machine_counts(summary) if set(MACHINE) <= set(summary.columns) else {}
+    counts = machine_counts(read_checked_csv(results / study / "summary.csv"))
     return {"commit": commit, "wall_time": wall_time, "jobs": jobs, "seconds": round(seconds, 1),
             "machines": [[cpu, capability, n] for (cpu, capability), n in sorted(counts.items())]}
 
@@ -224,7 +223,7 @@ def refresh(config: dict, results: Path, out: Path, studies: list[str], configfi
     problems += snapshot_problems(only, results) + unrun_specs(only, results)
     if problems:
         raise SystemExit("not a complete snapshot and run, nothing copied:\n  " + "\n  ".join(problems))
-    scorecard = splice_scorecard((out / "scorecard.md").read_text(), (results / "scorecard.md").read_text(), studies)
+    scorecard = splice_scorecard((out / SCORECARD).read_text(), (results / SCORECARD).read_text(), studies)
     commit = commit or git_commit()
     provenance = json.loads((out / PROVENANCE).read_text())
     digests = json.loads((out / RUNS).read_text())
@@ -234,12 +233,13 @@ def refresh(config: dict, results: Path, out: Path, studies: list[str], configfi
         digests = {job: d for job, d in digests.items() if not job.startswith(f"{study}/")}
         provenance[study] = study_provenance(results, study, commit, wall_time)
     digests |= run_digests(only)
-    for f in snapshot_files(only)[1:]:  # [0]: the scorecard, spliced
-        (out / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(results / f, out / f)
-        written.append(out / f)
-    (out / "scorecard.md").write_text(scorecard)
-    return written + [out / "scorecard.md"] + _write_index(config, out, configfiles, provenance, digests)
+    for f in snapshot_files(only):
+        if f != SCORECARD:  # spliced above
+            (out / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(results / f, out / f)
+            written.append(out / f)
+    (out / SCORECARD).write_text(scorecard)
+    return written + [out / SCORECARD] + _write_index(config, out, configfiles, provenance, digests)
 
 
 def main(argv: list[str] | None = None) -> None:
