@@ -68,3 +68,14 @@ def described(procs: list[psutil.Process]) -> list[str]:
         with contextlib.suppress(psutil.Error):  # ended meanwhile
             out.append(f"{proc.pid}: {' '.join(proc.cmdline())[:300]}")
     return out
+
+
+def names(procs: list[psutil.Process]) -> list[str]:
+    """The executable name of each of ``procs``, "gone" for one that ended meanwhile."""
+    out = []
+    for proc in procs:
+        try:
+            out.append(proc.name())
+        except psutil.Error:
+            out.append("gone")
+    return out

@@ -18,7 +18,7 @@ import psutil
 import pytest
 import yaml
 from conftest import REPO
-from processes import described, kill_marked, marked, marked_env, new_mark
+from processes import described, kill_marked, marked, marked_env, names, new_mark
 
 from fedrepro.config import job_resources, merge_configfiles, resolve_config
 
@@ -102,17 +102,6 @@ def paper_config(tmp_path: Path) -> list[str]:
     override = tmp_path / "gpu.yaml"
     override.write_text("train_resources: {gpu: 1, threads: 4}\n")
     return [str(REPO / "config" / "config.yaml"), str(override)]
-
-
-def names(processes: list[psutil.Process]) -> list[str]:
-    """Their executables' names, "gone" for one that ended meanwhile."""
-    out = []
-    for p in processes:
-        try:
-            out.append(p.name())
-        except psutil.NoSuchProcess:
-            out.append("gone")
-    return out
 
 
 def test_kill_marked_ends_a_detached_process_tree_and_nothing_else():

@@ -23,10 +23,6 @@ from fedrepro.report.snapshot import (
 )
 
 
-def laptop_full() -> dict:
-    return resolve_config(laptop_full_config())
-
-
 @pytest.fixture
 def config():
     """The embedded default, resolved: FedDisco's 4 train jobs, 2 tables and 2 figures."""
@@ -113,7 +109,7 @@ def test_the_committed_laptop_full_snapshot_is_a_run_of_the_config_as_it_is():
     """docs/results/laptop-full/ holds every table and figure of config/laptop-full.yaml, from train jobs of the
     specs and seeds configured now: a change that moves its numbers fails here until it is regenerated
     (`make snapshot-laptop-full`)."""
-    config = laptop_full()
+    config = resolve_config(laptop_full_config())
     snap = REPO / "docs/results/laptop-full"
     assert snapshot_problems(config, snap) == []
     assert stale_runs(config, json.loads((snap / "runs.json").read_text())) == []
@@ -144,7 +140,7 @@ def test_a_spliced_scorecard_equals_the_one_rendered_from_every_study_at_once():
 
 
 def test_a_refresh_replaces_one_studys_files_and_keeps_every_other_studys_run(tmp_path):
-    config = laptop_full()
+    config = resolve_config(laptop_full_config())
     fake_run(tmp_path / "all", config, tag="first")
     out = tmp_path / "snap"
     snapshot(config, tmp_path / "all", out, ["config/laptop-full.yaml"], "4 h", commit="old")
@@ -167,7 +163,7 @@ def test_a_refresh_replaces_one_studys_files_and_keeps_every_other_studys_run(tm
 
 
 def test_a_refresh_from_an_incomplete_run_changes_nothing_and_names_what_is_missing(tmp_path):
-    config = laptop_full()
+    config = resolve_config(laptop_full_config())
     fake_run(tmp_path / "all", config, tag="first")
     out = tmp_path / "snap"
     snapshot(config, tmp_path / "all", out, ["config/laptop-full.yaml"], "4 h", commit="old")
