@@ -22,7 +22,7 @@ run: $(VENV)/.installed fashion-mnist
 	$(BIN)/snakemake --cores $(CORES) --report results/report.html --report-after-run
 
 test: $(VENV)/.installed browser fashion-mnist
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(CORES) --dist loadfile
 
 # Headless Chromium for tests/test_report_browser.py: installed with apt-get where missing and we are root
 # (CI); elsewhere that test is skipped with the reason.
