@@ -244,6 +244,29 @@ def test_digits_m_is_mnistm_blend_of_the_digits(built: dict[str, tuple[Any, ...]
         assert found, f"patch {i} is not a crop of a sample photo"
 
 
+def test_fashion_mnist_m_blends_every_fashion_mnist_image_and_refuses_another_source(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    x_tr, x_te = (rng.integers(0, 256, (n, 28, 28, 1), dtype=np.uint8) for n in (40, 10))
+    y_tr, y_te = np.arange(40) % 10, np.arange(10)
+    meta = {"name": "fashion_mnist", "num_classes": 10, "classes": [f"c{i}" for i in range(10)],
+            "shape": [28, 28, 1], "source": "test", "license": "test"}
+    save_prepared(tmp_path / "fashion_mnist.npz", x_tr, y_tr, x_te, y_te, meta)
+    prepare_dataset("fashion_mnist_m", tmp_path / "fashion_mnist_m.npz")  # built from the file beside it
+    m = load_prepared(tmp_path / "fashion_mnist_m.npz")
+    blended, patches = embedded.blend_mnistm(np.concatenate([x_tr, x_te]), embedded.sample_textures())
+    assert np.array_equal(m.x_train, blended[:40]) and np.array_equal(m.x_test, blended[40:])
+    assert np.array_equal(m.y_train, y_tr) and np.array_equal(m.y_test, y_te)
+    assert m.meta["shape"] == [28, 28, 3] and m.meta["classes"] == meta["classes"]
+    # |patch - image| per channel: the source image is recoverable where the patch is black, and colour is real
+    source = np.broadcast_to(np.concatenate([x_tr, x_te]), patches.shape).astype(int)
+    assert np.array_equal(blended.astype(int), np.abs(patches.astype(int) - source))
+    assert np.abs(m.x_train[..., 0].astype(int) - m.x_train[..., 1]).mean() > 5
+
+    save_prepared(tmp_path / "fashion_mnist.npz", *embedded.digits())  # another data set under that name
+    with pytest.raises(ValueError, match=r"fashion_mnist\.npz holds 'digits'"):
+        prepare_dataset("fashion_mnist_m", tmp_path / "fashion_mnist_m.npz")
+
+
 # ---------------------------------------------------------------- prepared format
 
 

@@ -5,6 +5,8 @@ MNIST's 28x28. ``digits_m``: an MNIST-M-style colour domain of the same digits, 
 (Ganin & Lempitsky 2015): each digit is blended with a random 28x28 patch of a natural photograph as
 ``|patch - digit|`` per channel; the photographs are scikit-learn's two sample images. Both share one
 fixed stratified 75/25 train/test split: the data sets are fixed, run seeds never change them.
+``fashion_mnist_m``: the same blend applied to every prepared Fashion-MNIST image (its own train/test split),
+FedGTST's MNIST -> MNIST-M transfer on the one paper-family data set that is real offline.
 """
 
 from __future__ import annotations
@@ -103,6 +105,27 @@ def digits_m(raw_dir: Path | None = None) -> Arrays:
     note = (f"{_DIGITS_NOTE}; textures: scikit-learn sample images china.jpg and flower.jpg (Flickr, "
             "CC BY 2.0, see sklearn/datasets/images/README.txt)")
     return xm[tr], y[tr], xm[te], y[te], _meta("digits_m", [SIDE, SIDE, 3], note)
+
+
+def fashion_mnist_m(inputs: list[Path]) -> Arrays:
+    """Fashion-MNIST blended MNIST-M-style (``inputs``: the prepared fashion_mnist.npz): the same images,
+    labels and train/test split, train then test blended in one pass so a test image's patch does not depend
+    on the training set's size."""
+    from fedrepro.data.format import load_prepared
+
+    (source,) = inputs
+    prepared = load_prepared(source)
+    x_tr, y_tr, x_te, y_te, meta = (prepared.x_train, prepared.y_train, prepared.x_test, prepared.y_test,
+                                    prepared.meta)
+    if meta.get("name") != "fashion_mnist" or tuple(meta["shape"]) != (SIDE, SIDE, 1):
+        raise ValueError(f"fashion_mnist_m: {source} holds {meta.get('name')!r} of shape {meta['shape']}, "
+                         f"need fashion_mnist at {SIDE}x{SIDE}x1")
+    blended, _ = blend_mnistm(np.concatenate([x_tr, x_te]), sample_textures())
+    note = (f"{meta.get('license', 'Fashion-MNIST')}; textures: scikit-learn sample images china.jpg and "
+            "flower.jpg (Flickr, CC BY 2.0, see sklearn/datasets/images/README.txt)")
+    out = {**_meta("fashion_mnist_m", [SIDE, SIDE, 3], note), "classes": meta["classes"],
+           "source": "fashion_mnist blended with scikit-learn's sample images"}
+    return blended[: len(x_tr)], y_tr, blended[len(x_tr):], y_te, out
 
 
 PATCH_SEED = 2025
