@@ -6,7 +6,7 @@ MNIST's 28x28. ``digits_m``: an MNIST-M-style colour domain of the same digits, 
 ``|patch - digit|`` per channel; the photographs are scikit-learn's two sample images. Both share one
 fixed stratified 75/25 train/test split: the data sets are fixed, run seeds never change them.
 ``fashion_mnist_m``: the same blend applied to every prepared Fashion-MNIST image (its own train/test split),
-FedGTST's MNIST -> MNIST-M transfer on the one paper-family data set that is real offline.
+a FedGTST-style MNIST -> MNIST-M transfer on the one paper-family data set that is real offline.
 """
 
 from __future__ import annotations

@@ -94,7 +94,8 @@ _DOMAINNET_TRAIN = {"clipart": 33525, "infograph": 36023, "painting": 50426, "qu
 DATASETS: dict[str, DatasetSpec] = {
     "digits": DatasetSpec("digits", False, None, embedded.digits, None, size=Size(1347, (28, 28, 1), 10, test=450)),
     "digits_m": DatasetSpec("digits_m", False, None, embedded.digits_m, None, size=Size(1347, (28, 28, 3), 10)),
-    # FedGTST's target at laptop scale: Fashion-MNIST blended as MNIST-M is (the real data set offline)
+    # Fashion-MNIST blended as MNIST-M is: a FedGTST-style transfer on real data offline (measured, not taken:
+    # config/laptop/fedgtst.yaml's header)
     "fashion_mnist_m": DatasetSpec("fashion_mnist_m", False, None, embedded.fashion_mnist_m, None,
                                    built_from=("fashion_mnist",), size=Size(60000, (28, 28, 3), 10)),
     # Feddle's out-of-domain server data at laptop scale (other images, other labels)
