@@ -87,6 +87,8 @@ def _meta(name: str, shape: list[int], source_note: str) -> dict[str, Any]:
 
 
 _DIGITS_NOTE = "sklearn.datasets.load_digits: UCI Optical Recognition of Handwritten Digits, CC BY 4.0"
+_PHOTOS_NOTE = ("scikit-learn sample images china.jpg and flower.jpg (Flickr, CC BY 2.0, see "
+                "sklearn/datasets/images/README.txt)")
 
 
 def digits(raw_dir: Path | None = None) -> Arrays:
@@ -102,9 +104,7 @@ def digits_m(raw_dir: Path | None = None) -> Arrays:
     tr, te = split_indices(y)
     # Blend all 1797 in their original order, so each image's patch does not depend on the split.
     xm, _ = blend_mnistm(x, sample_textures())
-    note = (f"{_DIGITS_NOTE}; textures: scikit-learn sample images china.jpg and flower.jpg (Flickr, "
-            "CC BY 2.0, see sklearn/datasets/images/README.txt)")
-    return xm[tr], y[tr], xm[te], y[te], _meta("digits_m", [SIDE, SIDE, 3], note)
+    return xm[tr], y[tr], xm[te], y[te], _meta("digits_m", [SIDE, SIDE, 3], f"{_DIGITS_NOTE}; textures: {_PHOTOS_NOTE}")
 
 
 def fashion_mnist_m(inputs: list[Path]) -> Arrays:
@@ -114,18 +114,16 @@ def fashion_mnist_m(inputs: list[Path]) -> Arrays:
     from fedrepro.data.format import load_prepared
 
     (source,) = inputs
-    prepared = load_prepared(source)
-    x_tr, y_tr, x_te, y_te, meta = (prepared.x_train, prepared.y_train, prepared.x_test, prepared.y_test,
-                                    prepared.meta)
-    if meta.get("name") != "fashion_mnist" or tuple(meta["shape"]) != (SIDE, SIDE, 1):
-        raise ValueError(f"fashion_mnist_m: {source} holds {meta.get('name')!r} of shape {meta['shape']}, "
+    p = load_prepared(source)  # checked: its meta has name, shape, classes
+    if p.meta["name"] != "fashion_mnist" or tuple(p.meta["shape"]) != (SIDE, SIDE, 1):
+        raise ValueError(f"fashion_mnist_m: {source} holds {p.meta['name']!r} of shape {p.meta['shape']}, "
                          f"need fashion_mnist at {SIDE}x{SIDE}x1")
-    blended, _ = blend_mnistm(np.concatenate([x_tr, x_te]), sample_textures())
-    note = (f"{meta.get('license', 'Fashion-MNIST')}; textures: scikit-learn sample images china.jpg and "
-            "flower.jpg (Flickr, CC BY 2.0, see sklearn/datasets/images/README.txt)")
-    out = {**_meta("fashion_mnist_m", [SIDE, SIDE, 3], note), "classes": meta["classes"],
-           "source": "fashion_mnist blended with scikit-learn's sample images"}
-    return blended[: len(x_tr)], y_tr, blended[len(x_tr):], y_te, out
+    blended, _ = blend_mnistm(np.concatenate([p.x_train, p.x_test]), sample_textures())
+    note = f"{p.meta.get('license', 'Fashion-MNIST')}; textures: {_PHOTOS_NOTE}"
+    meta = {**_meta("fashion_mnist_m", [SIDE, SIDE, 3], note), "classes": p.meta["classes"],
+            "source": "fashion_mnist blended with scikit-learn's sample images"}
+    n = len(p.y_train)
+    return blended[:n], p.y_train, blended[n:], p.y_test, meta
 
 
 PATCH_SEED = 2025
@@ -152,6 +150,5 @@ def photo_patches(raw_dir: Path | None = None) -> Arrays:
     tr, te = split_indices(y)
     meta = {"name": "photo_patches", "num_classes": len(PATCH_CLASSES), "classes": PATCH_CLASSES,
             "shape": [SIDE, SIDE, 1], "source": "scikit-learn",
-            "license": "scikit-learn sample images china.jpg and flower.jpg (Flickr, CC BY 2.0, see "
-                       "sklearn/datasets/images/README.txt)"}
+            "license": _PHOTOS_NOTE}
     return x[tr], y[tr], x[te], y[te], meta
