@@ -15,6 +15,7 @@ from fedrepro.report.convergence import (
     chance_level,
     convergence_blocks,
     plateau_check,
+    plateau_rules,
     quarter_means,
     run_plateaus,
     study_convergence,
@@ -45,7 +46,7 @@ def test_a_climbing_run_misses_the_plateau_and_a_flat_one_meets_it():
               ("a", "diverged", 0): [10, 60, 70, 71, 71.5, 72, 72.4, 72.2],
               ("a", "short", 0): [10, 20, 30]}
     summary = _summary(curves, status={("a", "diverged", 0): "diverged"})
-    plateaus, short = run_plateaus(_runs(curves), summary)
+    plateaus, short, _ = run_plateaus(_runs(curves), summary)
     verdict = {r.method: r.at_plateau for r in plateaus}
     assert verdict == {"climbing": False, "flat": True, "diverged": False}
     assert short == [("a", "short", 0)]
@@ -55,7 +56,7 @@ def test_a_climbing_run_misses_the_plateau_and_a_flat_one_meets_it():
 
 def test_a_run_that_falls_by_more_than_a_point_is_no_plateau_either():
     curves = {("a", "falling", 0): [50, 80, 80, 80, 80, 80, 70, 70]}
-    plateaus, _ = run_plateaus(_runs(curves), _summary(curves))
+    plateaus, _, _ = run_plateaus(_runs(curves), _summary(curves))
     assert plateaus[0].change == -10 and not plateaus[0].at_plateau
 
 
@@ -125,24 +126,36 @@ def _cells(spec: dict, shown: list[tuple[str, str]]) -> pd.DataFrame:
                          for m, s in shown])
 
 
-def test_each_run_is_judged_by_the_metric_of_the_tables_that_show_it():
+def test_each_run_is_judged_by_the_metric_of_the_tables_and_figures_that_report_it():
     curves = {("a", "spiked", 0): SPIKED, ("a", "sawtooth", 0): SAWTOOTH, ("a", "both", 0): SPIKED,
-              ("a", "diverged", 0): SPIKED, ("a", "unshown", 0): SPIKED}
+              ("a", "diverged", 0): SPIKED, ("a", "gridded", 0): SPIKED, ("a", "final-grid", 0): SPIKED,
+              ("a", "curve-only", 0): RISING, ("a", "curve-only", 1): RISING}
     best = {"name": "t1", "metric": "best_acc", "columns": [{"setting": "a", "label": "A"}]}
     last_max = {"name": "t2", "metric": "last_k_max_acc", "columns": [{"setting": "a", "label": "A"}]}
     final = {"name": "t3", "metric": "final_acc", "columns": [{"setting": "a", "label": "A"}]}
     tables = [(best, _cells(best, [("spiked", "a"), ("both", "a"), ("diverged", "a")])),
               (last_max, _cells(last_max, [("sawtooth", "a")])), (final, _cells(final, [("both", "a")]))]
-    conv = study_convergence("s", _runs(curves), _summary(curves, status={("a", "diverged", 0): "diverged"}), tables)
+    # figure job specs: a heatmap of best-over-rounds gains and one of final accuracies report their runs' numbers;
+    # a curve reports none, and a run drawn only there has no number to settle
+    figures = [{"kind": "gain_grid", "metric": "best_acc", "drawn_runs": [["a", "gridded"], ["a", "spiked"]]},
+               {"kind": "gain_grid", "metric": "final_acc", "drawn_runs": [["a", "final-grid"]]},
+               {"kind": "curve", "drawn_runs": [["a", "curve-only"], ["a", "spiked"]]}]
+    conv = study_convergence("s", _runs(curves), _summary(curves, status={("a", "diverged", 0): "diverged"}), tables,
+                             figures)
     runs = {r.method: r for r in conv.runs}
     assert {m: r.at_plateau for m, r in runs.items()} == {
-        "spiked": True, "sawtooth": True, "both": False, "diverged": False, "unshown": False}
+        "spiked": True, "sawtooth": True, "both": False, "diverged": False, "gridded": True, "final-grid": False}
     assert [c.rule for c in runs["both"].checks] == [BEST_OVER_ROUNDS, QUARTER_MEAN]  # must meet each
     assert [c.rule for c in runs["sawtooth"].checks] == [LAST_K_MAX]
-    assert [c.rule for c in runs["unshown"].checks] == [QUARTER_MEAN]  # in no table: the quarter means
+    assert [c.rule for c in runs["spiked"].checks] == [BEST_OVER_ROUNDS]  # a table's and a figure's, one rule
+    assert [c.rule for c in runs["gridded"].checks] == [BEST_OVER_ROUNDS]  # in no table: its figure's number
+    assert [c.rule for c in runs["final-grid"].checks] == [QUARTER_MEAN]
+    assert conv.unjudged == [("a", "curve-only", 0), ("a", "curve-only", 1)]  # never counted as at a plateau
     statements, tables_out = convergence_blocks(conv)
-    assert "**2 of 5 (40%)**" in statements[0]
-    assert "Runs judged by quarter-mean: 2, best-over-rounds: 3, last-k-max: 1." in statements[0]
+    assert "**3 of 6 (50%)**" in statements[0]
+    assert "Runs judged by quarter-mean: 2, best-over-rounds: 4, last-k-max: 1." in statements[0]
+    assert "Not judged, as no table or figure reports a number of theirs" in statements[-1]
+    assert "2 runs, curve-only on a (2 seeds)." in statements[-1]
     (_, head, missed), = [t for t in tables_out if t[0] == "Runs that miss the plateau rule"]
     rows = {r[1]: r[4] for r in missed}
     assert rows["both"] == "mean 70.00 vs 72.00 before (-2.00, quarter-mean)"  # the rule it misses, only
@@ -152,7 +165,7 @@ def test_each_run_is_judged_by_the_metric_of_the_tables_that_show_it():
 def test_a_run_that_diverges_before_its_fourth_evaluation_counts_as_a_miss():
     # SCAFFOLD on the default's NIID-2 diverged at round 6 (3 evaluations): left out, it made 8 of 10 of 8 of 12
     curves = {("a", "early", 0): [10, 40, 57], ("a", "flat", 0): [10, 60, 70, 71, 71.5, 72, 72.4, 72.2]}
-    plateaus, short = run_plateaus(_runs(curves), _summary(curves, status={("a", "early", 0): "diverged"}))
+    plateaus, short, _ = run_plateaus(_runs(curves), _summary(curves, status={("a", "early", 0): "diverged"}))
     assert short == []
     early = next(r for r in plateaus if r.method == "early")
     assert early.status == "diverged" and not early.at_plateau and early.evaluations == 3
@@ -177,3 +190,29 @@ def test_a_fine_tuning_cell_from_the_best_pre_trained_model_is_judged_by_the_bes
     runs = {r.method: r for r in conv.runs}
     assert [c.rule for c in runs["kept"].checks] == [BEST_OVER_ROUNDS] and runs["kept"].at_plateau
     assert [c.rule for c in runs["last"].checks] == [QUARTER_MEAN] and not runs["last"].at_plateau
+
+
+def test_laptop_full_judges_figure_only_runs_by_their_figures_number_or_not_at_all():
+    from conftest import laptop_full_config
+
+    from fedrepro.config import resolve_config
+    from fedrepro.report.figure_kinds import figure_spec
+    from fedrepro.report.table_sources import table_spec
+
+    studies = resolve_config(laptop_full_config())["studies"]
+
+    def rules(name):
+        study = studies[name]
+        tables = [(spec := table_spec(study, t), _cells(spec, [(r["method"], c["setting"]) for r in spec["rows"]
+                                                                for c in spec["columns"] if "setting" in c]))
+                  for t in study["tables"]]
+        return plateau_rules(tables, [figure_spec(study, f) for f in study["figures"]])
+
+    # FedDisco's Fig. 4 heatmap of best-over-rounds gains: its sweep's runs are in no table
+    disco = rules("feddisco")
+    grid = [k for k in disco if k[1].startswith("fedavg-disco-grid-")]
+    assert len(grid) == 4 and all(disco[k] == [BEST_OVER_ROUNDS] for k in grid)
+    # Feddle's Fig. 2 draws update cosines of its no-delay runs over 16 rounds: no number of theirs is reported
+    feddle = rules("feddle")
+    assert not [k for k in feddle if k[0].endswith("-sync")]
+    assert feddle[("d01-n5", "fedavg")] == [LAST_K_MAX]

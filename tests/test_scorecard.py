@@ -460,11 +460,19 @@ def test_scorecard_has_a_convergence_section_per_study_naming_the_runs_that_miss
                                  per_class_acc="[70.0, 70.0]") for m in "ab"])
     write_checked_csv(runs, tmp_path / "runs.csv")  # as the aggregation writes them
     write_checked_csv(summary, tmp_path / "summary.csv")
+    # the runs of x are in no table; a figure of their final accuracies reports them: the quarter means judge them
+    figure = {"kind": "sweep_line", "metric": "final_acc", "drawn_runs": [["x", "a"], ["x", "b"]]}
     build_scorecard([("s", spec, csv)], "embedded", tmp_path / "sc.md", tmp_path / "sc.html",
-                    runs={"s": (tmp_path / "runs.csv", tmp_path / "summary.csv")})
+                    runs={"s": (tmp_path / "runs.csv", tmp_path / "summary.csv")}, figures={"s": [figure]})
     md, page = (tmp_path / "sc.md").read_text(), (tmp_path / "sc.html").read_text()
     assert "### Convergence" in md and "**1 of 2 (50%)**" in md
-    # the runs of x are in no table: the quarter means judge them
     assert "| x | b | 0 | 8 | mean 75.00 vs 55.00 before (+20.00, quarter-mean) | complete |" in md
     assert "**5 of 6 (83%)**" in md and "| t | A | two | 3.00 | 3 |" in md
     assert "<h3>Convergence</h3>" in page and "<strong>1 of 2 (50%)</strong>" in page
+    # drawn only as curves, no number of theirs is reported: listed as not judged, never as at their plateau
+    build_scorecard([("s", spec, csv)], "embedded", tmp_path / "sc.md", tmp_path / "sc.html",
+                    runs={"s": (tmp_path / "runs.csv", tmp_path / "summary.csv")},
+                    figures={"s": [{**figure, "kind": "curve"}]})
+    md = (tmp_path / "sc.md").read_text()
+    assert "**none**" in md and "2 runs, a on x (1 seed), b on x (1 seed)." in md
+    assert "Runs that miss the plateau rule" not in md

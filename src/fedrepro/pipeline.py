@@ -204,11 +204,13 @@ def figure(spec: dict, inputs: list[Path], out_stem: Path, log: Callable[[str], 
 
 def scorecard(tables: list[dict], cell_csvs: list[Path], scale: str, md_out: Path, html_out: Path,
               log: Callable[[str], None], coverage: dict[str, list[int]] | None = None,
-              runs: dict[str, list[Path]] | None = None, papers: dict[str, str | None] | None = None) -> None:
+              runs: dict[str, list[Path]] | None = None, papers: dict[str, str | None] | None = None,
+              figures: dict[str, list[dict]] | None = None) -> None:
     """Score every table (``tables``: {study, spec}, in the order of ``cell_csvs``) into one scorecard;
     ``coverage``: study -> [published cells shown, published cells]; ``runs``: study -> [runs.csv, summary.csv]
     for its convergence section, which must hold every seed (the specs' ``seeds``) of every run the study's
-    tables show; ``papers``: study -> its paper's key (the trials behind the published sds)."""
+    tables show; ``papers``: study -> its paper's key (the trials behind the published sds); ``figures``: study
+    -> its figures' job specs (their per-run numbers judge the runs' plateau too)."""
     from fedrepro.config import table_runs
     from fedrepro.report.scorecard import build_scorecard
     from fedrepro.report.table_sources import table_source
@@ -222,7 +224,7 @@ def scorecard(tables: list[dict], cell_csvs: list[Path], scale: str, md_out: Pat
                              scale, Path(md_out), Path(html_out),
                              {s: (c[0], c[1]) for s, c in coverage.items()} if coverage else None,
                              {s: (Path(r[0]), Path(r[1])) for s, r in runs.items()} if runs else None, papers,
-                             shown)
+                             shown, figures)
     claims = [c for s in scores for c in s.claims]
     log(f"{len(scores)} tables, {sum(c.holds is True for c in claims)} of {len(claims)} ranking claims hold "
         f"-> {md_out}, {html_out}")

@@ -111,6 +111,11 @@ def scorecard_cells():
     return [f"{RES}/{s}/tables/{t}.csv" for s, spec in STUDIES.items() for t in spec["tables"]]
 
 
+def scorecard_figures():
+    """study -> its figures' job specs: the per-run numbers they show judge the runs' plateau too."""
+    return {s: [figure_spec(s, f) for f in spec["figures"]] for s, spec in STUDIES.items()}
+
+
 def scorecard_coverage():
     """study -> [published cells shown beside ours, published cells] (fedrepro.report.coverage)."""
     from fedrepro.report.coverage import config_coverage

@@ -80,6 +80,7 @@ rule scorecard:
         coverage=scorecard_coverage(),
         studies=list(STUDIES),
         papers={s: spec["paper"] for s, spec in STUDIES.items()},
+        figures=scorecard_figures(),
     log:
         f"{RES}/logs/scorecard.log",
     conda:

@@ -12,5 +12,5 @@ pipeline.main_from_snakemake(
     sm, pipeline.scorecard, tables=sm.params.tables, cell_csvs=list(sm.input.cells), scale=sm.params.scale,
     md_out=sm.output.md, html_out=sm.output.html, coverage=sm.params.coverage,
     runs={s: [sm.input[f"runs_{s}"], sm.input[f"summary_{s}"]] for s in sm.params.studies},
-    papers=sm.params.papers,
+    papers=sm.params.papers, figures=sm.params.figures,
 )

@@ -13,9 +13,14 @@ on that number's own statistic of its test-accuracy curve:
 - a fine-tuning cell whose pre-training hands on the model of its best round (``keep_best``): its pre-training's
   best over rounds, as above.
 
-A run shown in tables of several metrics must meet the rule of each; a run in no table's accuracy cell is judged
-by the quarter means. A table cell's seeds agree when their standard deviation is at most ``SEED_SD_POINTS``; a
-method sits at chance when its final accuracy, averaged over seeds, is within ``CHANCE_POINTS`` of 100 / classes.
+A run is judged as well by the per-run number of every figure that shows one of it (a heatmap of best-over-rounds
+gains: best over rounds; fedrepro.report.figure_kinds, ``reports``), and must meet the rule of each of its tables'
+and figures' metrics. A run of which no table or figure reports a number (drawn only as per-round curves, such as
+Feddle's Fig. 2 of update cosines over the first rounds) has no reported number to settle: it is listed as not
+judged, never counted as at its plateau.
+
+A table cell's seeds agree when their standard deviation is at most ``SEED_SD_POINTS``; a method sits at chance
+when its final accuracy, averaged over seeds, is within ``CHANCE_POINTS`` of 100 / classes.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from fedrepro.report.derived import metric_key
+from fedrepro.report.figure_kinds import figure_metrics
 
 PLATEAU_POINTS = 1.0
 SEED_SD_POINTS = 2.0
@@ -109,6 +115,7 @@ class StudyConvergence:
     study: str
     runs: list[RunPlateau] = field(default_factory=list)
     too_short: list[tuple[str, str, int]] = field(default_factory=list)  # fewer than 4 evaluations
+    unjudged: list[tuple[str, str, int]] = field(default_factory=list)  # no table or figure reports their number
     cells: list[CellSpread] = field(default_factory=list)
     at_chance: list[AtChance] = field(default_factory=list)
 
@@ -142,15 +149,18 @@ def plateau_check(acc: np.ndarray, rule: str) -> PlateauCheck | None:
 
 def run_plateaus(runs: pd.DataFrame, summary: pd.DataFrame,
                  rules: dict[tuple[str, str], list[str]] | None = None
-                 ) -> tuple[list[RunPlateau], list[tuple[str, str, int]]]:
-    """Every run's plateau checks (runs.csv rows: one per run and evaluation), by the rules of the tables that show
-    it (``rules``: (setting, method) -> rules, plateau_rules; a run not in it: the quarter means), and the runs
-    too short to judge."""
+                 ) -> tuple[list[RunPlateau], list[tuple[str, str, int]], list[tuple[str, str, int]]]:
+    """Every run's plateau checks (runs.csv rows: one per run and evaluation) by the rules of the tables and figures
+    that report its number (``rules``: (setting, method) -> rules, plateau_rules; None: every run by the quarter
+    means), the runs too short to judge, and the runs ``rules`` lacks (no reported number: not judged)."""
     status = {(r.setting, r.method, int(r.seed)): r.status for r in summary.itertuples(index=False)}
-    plateaus, short = [], []
+    plateaus, short, unjudged = [], [], []
     for (setting, method, seed), curve in runs.groupby(["setting", "method", "seed"], sort=True):
         acc = curve.sort_values("round")["test_acc"].to_numpy(dtype=float)
         key = (str(setting), str(method), int(seed))
+        if rules is not None and key[:2] not in rules:
+            unjudged.append(key)
+            continue
         means = quarter_means(acc)
         run_status = status.get(key, "complete")
         if means is None and run_status != "complete":
@@ -165,7 +175,7 @@ def run_plateaus(runs: pd.DataFrame, summary: pd.DataFrame,
         checks = [plateau_check(acc, rule) for rule in (rules or {}).get(key[:2], [QUARTER_MEAN])]
         plateaus.append(RunPlateau(*key, evaluations=len(acc), quarter_before=means[0], last_quarter=means[1],
                                    status=run_status, checks=checks))
-    return plateaus, short
+    return plateaus, short, unjudged
 
 
 def _accuracy_columns(spec: dict) -> set[int]:
@@ -173,8 +183,10 @@ def _accuracy_columns(spec: dict) -> set[int]:
     return {j for j, c in enumerate(spec["columns"]) if "average_of" not in c and metric_key(spec, c).endswith("_acc")}
 
 
-def plateau_rules(tables: list[tuple[dict, pd.DataFrame]]) -> dict[tuple[str, str], list[str]]:
-    """(setting, method) -> the plateau rules of the metrics of the table accuracy cells that show its runs."""
+def plateau_rules(tables: list[tuple[dict, pd.DataFrame]], figures: list[dict] = ()
+                  ) -> dict[tuple[str, str], list[str]]:
+    """(setting, method) -> the plateau rules of the metrics of the table accuracy cells that show its runs and
+    of the per-run numbers the figures (job specs) show of them."""
     rules: dict[tuple[str, str], set[str]] = {}
     for spec, cells in tables:
         n_cols, accuracy_cols = len(spec["columns"]), _accuracy_columns(spec)
@@ -184,6 +196,8 @@ def plateau_rules(tables: list[tuple[dict, pd.DataFrame]]) -> dict[tuple[str, st
                 if [str(cell.setting), str(cell.method)] in spec.get("kept_best_runs", []):
                     rule = BEST_OVER_ROUNDS  # fine-tuned from the model of its best round (keep_best)
                 rules.setdefault((str(cell.setting), str(cell.method)), set()).add(rule)
+    for run, metrics in figure_metrics(list(figures)).items():
+        rules.setdefault(run, set()).update(RULE_OF_METRIC.get(m, QUARTER_MEAN) for m in metrics)
     return {key: sorted(found) for key, found in rules.items()}
 
 
@@ -218,12 +232,12 @@ def chance_level(summary: pd.DataFrame) -> list[AtChance]:
 
 
 def study_convergence(study: str, runs: pd.DataFrame, summary: pd.DataFrame,
-                      tables: list[tuple[dict, pd.DataFrame]]) -> StudyConvergence:
-    """A study's convergence: its runs' plateaus (each by the rules of the tables that show it), its tables'
-    accuracy cells' seed sd, methods at chance."""
-    plateaus, short = run_plateaus(runs, summary, plateau_rules(tables))
+                      tables: list[tuple[dict, pd.DataFrame]], figures: list[dict] = ()) -> StudyConvergence:
+    """A study's convergence: its runs' plateaus (each by the rules of the tables and figures, job specs, that
+    report its number), its tables' accuracy cells' seed sd, methods at chance."""
+    plateaus, short, unjudged = run_plateaus(runs, summary, plateau_rules(tables, figures))
     cells = [c for spec, table_cells in tables for c in accuracy_cells(spec, table_cells)]
-    return StudyConvergence(study, plateaus, short, cells, chance_level(summary))
+    return StudyConvergence(study, plateaus, short, unjudged, cells, chance_level(summary))
 
 
 def _missed(run: RunPlateau) -> str:
@@ -241,11 +255,11 @@ def convergence_blocks(conv: StudyConvergence) -> tuple[list[str], list[tuple[st
     n_runs, n_cells = len(conv.runs), len(conv.cells)
     judged = {rule: sum(rule in (c.rule for c in r.checks) for r in conv.runs) for rule in _STATISTIC}
     statements = [
-        f"Runs at their plateau, judged on the number their tables report, within {PLATEAU_POINTS:g} point: "
-        f"best-over-rounds cells, the best test accuracy over all evaluations against the best over the first "
+        f"Runs at their plateau, judged on the number their tables and figures report, within {PLATEAU_POINTS:g} "
+        f"point: best-over-rounds cells, the best test accuracy over all evaluations against the best over the first "
         f"three quarters; last-k-max cells (a max over a window), the max over the last quarter of evaluations "
         f"against the max over the quarter before; other cells, the quarter-mean rule (the mean of the last "
-        f"quarter against the quarter before); a run in tables of several metrics meets each: "
+        f"quarter against the quarter before); a run reported by several metrics meets each: "
         f"**{_share(conv.runs_at_plateau, n_runs)}** (target: at least {PLATEAU_TARGET:.0%})."
         + ("" if not n_runs else " Runs judged by " + ", ".join(f"{rule}: {k}" for rule, k in judged.items() if k)
            + "."),
@@ -259,6 +273,13 @@ def convergence_blocks(conv: StudyConvergence) -> tuple[list[str], list[tuple[st
     else:
         statements.append(f"No method sits at chance (final accuracy within {CHANCE_POINTS:g} points of "
                           "100 / classes).")
+    if conv.unjudged:
+        drawn: dict[tuple[str, str], int] = {}
+        for setting, method, _ in conv.unjudged:
+            drawn[(setting, method)] = drawn.get((setting, method), 0) + 1
+        names = ", ".join(f"{m} on {s} ({n} seed{'s' * (n > 1)})" for (s, m), n in drawn.items())
+        statements.append(f"Not judged, as no table or figure reports a number of theirs (drawn only as per-round "
+                          f"curves or probes): {len(conv.unjudged)} runs, {names}.")
     if conv.too_short:
         statements.append(f"Too few evaluations to judge (fewer than 4): {len(conv.too_short)} runs.")
     tables = []

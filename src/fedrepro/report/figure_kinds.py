@@ -7,7 +7,10 @@
 - ``inputs``: the files its job reads (the Snakemake rule's input), in the order ``render`` takes them;
 - ``spec``: what its job's spec holds beyond the figure's own options (labels, a sweep's cells);
 - ``render``: reads the inputs and writes ``<out_stem>.png`` and ``.pdf``;
-- ``shows``: what its report caption says it shows (``fedrepro.report.captions``).
+- ``shows``: what its report caption says it shows (``fedrepro.report.captions``);
+- ``reports``: the per-run accuracy number it shows, as a table metric (best_acc, final_acc, ...), by which the
+  scorecard judges its runs' plateau beside their tables' (``fedrepro.report.convergence``); None for a figure of
+  per-round curves or one-off probes, which report no run's finished number.
 
 Adding a kind is one entry here (its drawing code may live in any ``figures_*`` module) plus its name and options
 in workflow/schemas/study.schema.yaml (the `kind` enum, the keys it requires in the `allOf` below it, and any
@@ -45,6 +48,7 @@ class FigureKind:
     runs: Callable[[dict, dict], set[Run]] = lambda study, fig: set()  # a plot of partitions draws no run
     check: Callable[[dict, dict], Problems] = lambda study, fig: []
     spec: Callable[[dict, dict], dict[str, Any]] = lambda study, fig: {}
+    reports: Callable[[dict], str | None] = lambda spec: None  # (the figure's job spec) -> metric
 
 
 # ------------------------------------------------------------------ shared parts
@@ -69,6 +73,11 @@ def _summary(study: dict, fig: dict, folder: str) -> list[str]:
 
 def _runs_and_summary(study: dict, fig: dict, folder: str) -> list[str]:
     return [f"{folder}/runs.csv", f"{folder}/summary.csv"]
+
+
+def _its_metric(spec: dict) -> str:
+    """The per-run accuracy a figure of numbers over seeds shows: its `metric` (the schema fills in the default)."""
+    return spec["metric"]
 
 
 def _settings_x_methods(study: dict, fig: dict) -> set[Run]:
@@ -362,20 +371,21 @@ FIGURE_KINDS: dict[str, FigureKind] = {
         shows="accuracy gain of each swept variant over the baseline, a heatmap over the two swept values (mean "
               "over seeds of the {metric} accuracy)",
         inputs=_summary, render=_render_table_with("fedrepro.report.figures_feddisco", "render_gain_grid"),
-        runs=_gain_grid_runs, check=_gain_grid_problems, spec=_gain_grid_spec),
+        runs=_gain_grid_runs, check=_gain_grid_problems, spec=_gain_grid_spec, reports=_its_metric),
     "gain_lines": FigureKind(
         shows="accuracy gain of each method over its baseline across settings (mean over seeds of the {metric} "
               "accuracy)",
         inputs=_summary, render=_render_table_with("fedrepro.report.figures_feddisco", "render_gain_lines"),
-        runs=_gain_lines_runs),
+        runs=_gain_lines_runs, reports=_its_metric),
     "sweep_line": FigureKind(
         shows="{metric} test accuracy against a swept hyper-parameter, one line per series; points: mean over "
               "seeds, bars: ±1 sd",
-        inputs=_summary_and_runs, render=_render_sweep_line, runs=_sweep_line_runs, check=_sweep_line_problems),
+        inputs=_summary_and_runs, render=_render_sweep_line, runs=_sweep_line_runs, check=_sweep_line_problems,
+        reports=_its_metric),
     "per_class": FigureKind(
         shows="test accuracy per category, one colour per method; bars: mean over seeds, whiskers: ±1 sd",
         inputs=_summary, render=_render_table_with("fedrepro.report.figures_feddisco", "render_per_class"),
-        runs=_methods_on_setting),
+        runs=_methods_on_setting, reports=lambda spec: "final_acc"),  # the final model's, per class
     "update_cosine": FigureKind(
         shows="(a) the cosine of each client's update to the true update (the size-weighted mean of every "
               "client's update from the same model, Sec. 2 of the paper) per round, one line per setting: mean "
@@ -389,7 +399,8 @@ FIGURE_KINDS: dict[str, FigureKind] = {
               "bars: mean over seeds, whiskers: ±1 sd",
         inputs=lambda study, fig, folder: [f"{folder}/runs.csv"],
         render=_render_table_with("fedrepro.report.figures_fedl2g", "render_negative_effect"),
-        runs=_methods_on_setting, check=_negative_effect_problems, spec=_setting_label),
+        runs=_methods_on_setting, check=_negative_effect_problems, spec=_setting_label,
+        reports=lambda spec: "best_acc"),  # panel (b)
     "weight_probe": FigureKind(
         shows="(a) the seed-{seed} partition; (b) the {metric} accuracy of (1 - r) w_A + r w_B after one round of "
               "local training from the same start, against r, for each pair of similar-size clients (B nearer "
@@ -437,6 +448,17 @@ def figure_runs(study: dict, fig: dict) -> list[Run]:
 def figure_inputs(study: dict, fig: dict, folder: str) -> list[str]:
     """The files a figure's job reads, ``folder`` being the study's results folder."""
     return figure_kind(fig["kind"]).inputs(study, fig, folder)
+
+
+def figure_metrics(specs: list[dict]) -> dict[Run, set[str]]:
+    """(setting, method) -> the per-run accuracy metrics the figures (job specs, figure_spec) show of its runs;
+    runs drawn only as per-round curves or probes are in none."""
+    out: dict[Run, set[str]] = {}
+    for spec in specs:
+        if (metric := figure_kind(spec["kind"]).reports(spec)) is not None:
+            for setting, method in spec["drawn_runs"]:
+                out.setdefault((setting, method), set()).add(metric)
+    return out
 
 
 def figure_spec(study: dict, name: str) -> dict[str, Any]:

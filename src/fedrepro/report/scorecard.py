@@ -607,14 +607,15 @@ def build_scorecard(tables: list[tuple[str, dict, Path]], scale: str, md_out: Pa
                     runs: dict[str, tuple[Path, Path]] | None = None,
                     papers: dict[str, str | None] | None = None,
                     shown_runs: dict[str, tuple[list[tuple[str, str]], list[int] | None]] | None = None,
-                    ) -> list[TableScore]:
+                    figures: dict[str, list[dict]] | None = None) -> list[TableScore]:
     """Score every (study, table spec, cell CSV) and write the Markdown and HTML scorecards, with each
     study's published cells shown / published cells (``coverage``, fedrepro.report.coverage) and, given its
     (runs.csv, summary.csv) in ``runs``, its convergence section (fedrepro.report.convergence) and the machines
     its runs came from; ``papers``: study -> its paper's key, whose trial count
     (fedrepro.report.published.TRIALS) gives the published sds' SE. A study's runs.csv and summary.csv are
     refused unless whole (their checksums) and holding every seed of every run of ``shown_runs`` (study ->
-    (setting, method) runs, seeds; by default the runs they hold: fedrepro.report.integrity.require_runs)."""
+    (setting, method) runs, seeds; by default the runs they hold: fedrepro.report.integrity.require_runs).
+    ``figures``: study -> its figures' job specs, whose per-run numbers judge their runs' plateau too."""
     cells = [(study, spec, pd.read_csv(path)) for study, spec, path in tables]
     scores = [score_table(study, spec, table_cells,
                           trials_behind_sd((papers or {}).get(study), spec.get("paper_table")))
@@ -624,7 +625,8 @@ def build_scorecard(tables: list[tuple[str, dict, Path]], scale: str, md_out: Pa
         shown, seeds = (shown_runs or {}).get(study, (None, None))
         study_runs, summary = (read_aggregate(path, shown, seeds) for path in paths)
         convergence[study] = study_convergence(study, study_runs, summary,
-                                               [(spec, c) for s, spec, c in cells if s == study])
+                                               [(spec, c) for s, spec, c in cells if s == study],
+                                               (figures or {}).get(study, []))
         machines[study] = machines_line(summary)
     write_text_atomic(render_markdown(scores, scale, coverage, convergence, machines), Path(md_out))
     write_text_atomic(render_html(scores, scale, coverage, convergence, machines), Path(html_out))
