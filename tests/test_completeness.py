@@ -125,6 +125,10 @@ def test_diverged_early_stopped_and_sparsely_evaluated_runs_still_aggregate_with
     frame = pd.read_csv(tmp_path / "runs.csv")
     assert frame.groupby(["method", "seed"])["round"].apply(list).tolist() == [[1, 2, 3], [4, 8], [4, 8, 10], [4, 5]]
     assert (tmp_path / "runs.csv.sha256").read_text().endswith("  runs.csv\n")
+    # the round early stopping ended a run at is carried, empty for the others (the scorecard names those runs)
+    stops = pd.read_csv(tmp_path / "summary.csv").set_index(["method", "seed"])["stopped_round"]
+    assert stops[("fedavg", 1)] == 8 and stops.drop(("fedavg", 1)).isna().all()
+    assert "stopped_round" not in collect_runs([runs[0], runs[2]])[1].columns  # none stopped early: no column
     # the tables take them: a diverged seed has rows and a status
     pipeline.table(TABLE, tmp_path / "summary.csv", tmp_path / "runs.csv", None, tmp_path / "t", "embedded",
                    log=lambda _: None)

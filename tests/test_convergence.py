@@ -216,3 +216,19 @@ def test_laptop_full_judges_figure_only_runs_by_their_figures_number_or_not_at_a
     feddle = rules("feddle")
     assert not [k for k in feddle if k[0].endswith("-sync")]
     assert feddle[("d01-n5", "fedavg")] == [LAST_K_MAX]
+
+
+def test_a_run_ended_by_early_stopping_is_named_apart():
+    # stopped 2 evaluations after its best: the best lies before its last quarter, so the rule holds by construction
+    curves = {("a", "stopped", 0): [10, 40, 20, 60, 30, 80, 35, 45], ("a", "stopped", 1): RISING,
+              ("a", "full", 0): [70] * 8}
+    summary = _summary(curves).assign(stopped_round=[16, 16, None])
+    spec = {"name": "t1", "metric": "best_acc", "columns": [{"setting": "a", "label": "A"}]}
+    conv = study_convergence("s", _runs(curves), summary, [(spec, _cells(spec, [("stopped", "a"), ("full", "a")]))])
+    runs = {(r.method, r.seed): r for r in conv.runs}
+    assert runs[("stopped", 0)].at_plateau and runs[("stopped", 0)].stopped_round == 16
+    assert runs[("full", 0)].stopped_round is None
+    statements, tables = convergence_blocks(conv)
+    assert any(t.startswith("Ended by early stopping: 2 runs, 1 of them counted at their plateau") for t in statements)
+    (_, _, missed), = [t for t in tables if t[0] == "Runs that miss the plateau rule"]
+    assert missed[0][:3] == ["a", "stopped", "1"] and missed[0][5] == "complete (early stop at round 16)"

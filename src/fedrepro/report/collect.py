@@ -32,6 +32,9 @@ PER_CLASS = "per_class_acc"
 # Optional per-run keys of summary.json's "machine" block (fedrepro.train.machine): which CPU, and which of
 # torch's CPU kernels, produced the run; "" for the runs recorded without one.
 MACHINE = ["cpu", "cpu_capability"]
+# Optional per-run round at which early stopping ended the run (TrainingConfig.early_stop): the column is there when
+# any run of the table stopped early, empty for the others
+STOPPED = "stopped_round"
 # summary.json's sha256 of its metrics.csv (train.write_run); runs recorded before it have none
 METRICS_SHA256 = "metrics_sha256"
 # how close a summary.json number must be to the one recomputed from metrics.csv: the file prints every float
@@ -61,6 +64,11 @@ def _read_summary(path: Path, data: dict) -> dict:
         if not isinstance(per_class, list) or not all(_is_number_or_null(v) for v in per_class):
             raise RunDataError(f"run summary {path}: {PER_CLASS} is not a list of numbers")
         row[PER_CLASS] = json.dumps(per_class)
+    stopped = data.get(STOPPED)
+    if stopped is not None:
+        if not isinstance(stopped, int) or isinstance(stopped, bool) or stopped < 1:
+            raise RunDataError(f"run summary {path}: {STOPPED} {stopped!r} is not a round")
+        row[STOPPED] = stopped
     machine = data.get("machine")
     if machine is not None:
         if not isinstance(machine, dict):
@@ -122,7 +130,7 @@ def _check_rounds(path: Path, metrics: pd.DataFrame, summary: dict) -> None:
     training = config.get("training") if isinstance(config, dict) else None
     if not isinstance(training, dict) or not {"rounds", "eval_every"} <= training.keys():
         return  # a summary not written by train.write_run says nothing about its rounds
-    end = summary["diverged_round"] or summary.get("stopped_round") or training["rounds"]
+    end = summary["diverged_round"] or summary.get(STOPPED) or training["rounds"]
     every = training["eval_every"]
     expected = [*range(every, end + 1, every)] + ([end] if end % every else [])
     rounds = metrics["round"].tolist()
@@ -133,7 +141,7 @@ def _check_rounds(path: Path, metrics: pd.DataFrame, summary: dict) -> None:
         raise RunDataError(
             f"run metrics {path} have {len(rounds)} evaluation rows where its config (rounds {training['rounds']}, "
             f"eval_every {every}) and summary.json (status {summary['status']}, diverged_round "
-            f"{summary['diverged_round']}, stopped_round {summary.get('stopped_round')}) call for {len(expected)}: "
+            f"{summary['diverged_round']}, {STOPPED} {summary.get(STOPPED)}) call for {len(expected)}: "
             f"{why}; {_retrain(path)}")
 
 
@@ -179,8 +187,9 @@ def collect_runs(run_dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
 
     runs: one row per run and evaluation round (run keys + every metrics.csv column);
     summary: one row per run (``SUMMARY_COLUMNS``, plus ``per_class_acc`` as a JSON list string when
-    any run's summary.json has one, and the ``MACHINE`` columns when any has a machine block; "" for the
-    runs without). Raises FileNotFoundError / RunDataError naming the offending file.
+    any run's summary.json has one, and the ``MACHINE`` columns when any has a machine block, "" for the
+    runs without; ``stopped_round`` when any run ended by early stopping, empty for the others). Raises
+    FileNotFoundError / RunDataError naming the offending file.
     """
     frames: list[pd.DataFrame] = []
     rows: list[dict] = []
@@ -201,10 +210,12 @@ def collect_runs(run_dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
 
     has_per_class = any(PER_CLASS in row for row in rows)
     has_machine = any(MACHINE[0] in row for row in rows)
+    has_stopped = any(STOPPED in row for row in rows)
     optional = [PER_CLASS] * has_per_class + MACHINE * has_machine
-    summary_df = pd.DataFrame(rows, columns=SUMMARY_COLUMNS + optional)
+    summary_df = pd.DataFrame(rows, columns=SUMMARY_COLUMNS + optional + [STOPPED] * has_stopped)
     summary_df[optional] = summary_df[optional].fillna("").astype(str)
-    summary_df = summary_df.astype({"seed": "int64", "diverged_round": "Int64", "last_k": "Int64"})
+    summary_df = summary_df.astype({"seed": "int64", "diverged_round": "Int64", "last_k": "Int64",
+                                    **({STOPPED: "Int64"} if has_stopped else {})})
     for col in ("final_acc", "best_acc", "last_k_acc", "seconds"):
         summary_df[col] = pd.to_numeric(summary_df[col], errors="coerce").astype("float64")
     summary_df = summary_df.sort_values(KEYS, kind="stable").reset_index(drop=True)

@@ -17,7 +17,10 @@ A run is judged as well by the per-run number of every figure that shows one of 
 gains: best over rounds; fedrepro.report.figure_kinds, ``reports``), and must meet the rule of each of its tables'
 and figures' metrics. A run of which no table or figure reports a number (drawn only as per-round curves, such as
 Feddle's Fig. 2 of update cosines over the first rounds) has no reported number to settle: it is listed as not
-judged, never counted as at its plateau.
+judged, never counted as at its plateau. A run that early stopping ended (summary.csv's ``stopped_round``) is judged
+like any other but named apart: early stopping ends it a patience after its best, so when its last quarter is
+longer than that patience the rule holds by construction, and says its best stopped rising for that long, not that
+its curve had settled.
 
 A table cell's seeds agree when their standard deviation is at most ``SEED_SD_POINTS``; a method sits at chance
 when its final accuracy, averaged over seeds, is within ``CHANCE_POINTS`` of 100 / classes.
@@ -32,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from fedrepro.report.collect import STOPPED
 from fedrepro.report.derived import metric_key
 from fedrepro.report.figure_kinds import figure_metrics
 
@@ -78,6 +82,7 @@ class RunPlateau:
     last_quarter: float
     status: str = "complete"
     checks: list[PlateauCheck] = field(default_factory=list)  # the rules of its tables; none: the quarter means
+    stopped_round: int | None = None  # the round early stopping ended it at
 
     def __post_init__(self) -> None:
         if not self.checks:
@@ -153,7 +158,9 @@ def run_plateaus(runs: pd.DataFrame, summary: pd.DataFrame,
     """Every run's plateau checks (runs.csv rows: one per run and evaluation) by the rules of the tables and figures
     that report its number (``rules``: (setting, method) -> rules, plateau_rules; None: every run by the quarter
     means), the runs too short to judge, and the runs ``rules`` lacks (no reported number: not judged)."""
-    status = {(r.setting, r.method, int(r.seed)): r.status for r in summary.itertuples(index=False)}
+    keys = [(str(r.setting), str(r.method), int(r.seed)) for r in summary.itertuples(index=False)]
+    status = dict(zip(keys, summary["status"], strict=True))
+    stopped = {k: int(v) for k, v in zip(keys, summary.get(STOPPED, [None] * len(keys)), strict=True) if pd.notna(v)}
     plateaus, short, unjudged = [], [], []
     for (setting, method, seed), curve in runs.groupby(["setting", "method", "seed"], sort=True):
         acc = curve.sort_values("round")["test_acc"].to_numpy(dtype=float)
@@ -174,7 +181,7 @@ def run_plateaus(runs: pd.DataFrame, summary: pd.DataFrame,
             continue
         checks = [plateau_check(acc, rule) for rule in (rules or {}).get(key[:2], [QUARTER_MEAN])]
         plateaus.append(RunPlateau(*key, evaluations=len(acc), quarter_before=means[0], last_quarter=means[1],
-                                   status=run_status, checks=checks))
+                                   status=run_status, checks=checks, stopped_round=stopped.get(key)))
     return plateaus, short, unjudged
 
 
@@ -245,6 +252,10 @@ def _missed(run: RunPlateau) -> str:
     return "; ".join(c.text() for c in ([c for c in run.checks if not c.passes] or run.checks))
 
 
+def _status(run: RunPlateau) -> str:
+    return run.status if run.stopped_round is None else f"{run.status} (early stop at round {run.stopped_round})"
+
+
 def _share(k: int, n: int) -> str:
     return f"{k} of {n} ({100 * k / n:.0f}%)" if n else "none"
 
@@ -280,6 +291,11 @@ def convergence_blocks(conv: StudyConvergence) -> tuple[list[str], list[tuple[st
         names = ", ".join(f"{m} on {s} ({n} seed{'s' * (n > 1)})" for (s, m), n in drawn.items())
         statements.append(f"Not judged, as no table or figure reports a number of theirs (drawn only as per-round "
                           f"curves or probes): {len(conv.unjudged)} runs, {names}.")
+    early = [r for r in conv.runs if r.stopped_round is not None]
+    if early:
+        statements.append(f"Ended by early stopping: {len(early)} runs, {sum(r.at_plateau for r in early)} of them "
+                          "counted at their plateau; early stopping ends a run a patience after its best, so for "
+                          "these the rule says the best stopped rising for that long, not that the curve settled.")
     if conv.too_short:
         statements.append(f"Too few evaluations to judge (fewer than 4): {len(conv.too_short)} runs.")
     tables = []
@@ -287,7 +303,7 @@ def convergence_blocks(conv: StudyConvergence) -> tuple[list[str], list[tuple[st
     if missed:
         tables.append(("Runs that miss the plateau rule",
                        ["setting", "method", "seed", "evaluations", "plateau check (last vs before)", "status"],
-                       [[r.setting, r.method, str(r.seed), str(r.evaluations), _missed(r), r.status]
+                       [[r.setting, r.method, str(r.seed), str(r.evaluations), _missed(r), _status(r)]
                         for r in missed]))
     spread = [c for c in conv.cells if c.sd > SEED_SD_POINTS]
     if spread:
