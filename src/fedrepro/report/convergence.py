@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -190,7 +192,7 @@ def _accuracy_columns(spec: dict) -> set[int]:
     return {j for j, c in enumerate(spec["columns"]) if "average_of" not in c and metric_key(spec, c).endswith("_acc")}
 
 
-def plateau_rules(tables: list[tuple[dict, pd.DataFrame]], figures: list[dict] = ()
+def plateau_rules(tables: list[tuple[dict, pd.DataFrame]], figures: Sequence[dict] = ()
                   ) -> dict[tuple[str, str], list[str]]:
     """(setting, method) -> the plateau rules of the metrics of the table accuracy cells that show its runs and
     of the per-run numbers the figures (job specs) show of them."""
@@ -239,7 +241,7 @@ def chance_level(summary: pd.DataFrame) -> list[AtChance]:
 
 
 def study_convergence(study: str, runs: pd.DataFrame, summary: pd.DataFrame,
-                      tables: list[tuple[dict, pd.DataFrame]], figures: list[dict] = ()) -> StudyConvergence:
+                      tables: list[tuple[dict, pd.DataFrame]], figures: Sequence[dict] = ()) -> StudyConvergence:
     """A study's convergence: its runs' plateaus (each by the rules of the tables and figures, job specs, that
     report its number), its tables' accuracy cells' seed sd, methods at chance."""
     plateaus, short, unjudged = run_plateaus(runs, summary, plateau_rules(tables, figures))
@@ -285,9 +287,7 @@ def convergence_blocks(conv: StudyConvergence) -> tuple[list[str], list[tuple[st
         statements.append(f"No method sits at chance (final accuracy within {CHANCE_POINTS:g} points of "
                           "100 / classes).")
     if conv.unjudged:
-        drawn: dict[tuple[str, str], int] = {}
-        for setting, method, _ in conv.unjudged:
-            drawn[(setting, method)] = drawn.get((setting, method), 0) + 1
+        drawn = Counter((setting, method) for setting, method, _ in conv.unjudged)
         names = ", ".join(f"{m} on {s} ({n} seed{'s' * (n > 1)})" for (s, m), n in drawn.items())
         statements.append(f"Not judged, as no table or figure reports a number of theirs (drawn only as per-round "
                           f"curves or probes): {len(conv.unjudged)} runs, {names}.")
