@@ -181,7 +181,7 @@ def run_plateaus(runs: pd.DataFrame, summary: pd.DataFrame,
         if means is None:
             short.append(key)
             continue
-        checks = [plateau_check(acc, rule) for rule in (rules or {}).get(key[:2], [QUARTER_MEAN])]
+        checks = [plateau_check(acc, rule) for rule in (rules[key[:2]] if rules is not None else [QUARTER_MEAN])]
         plateaus.append(RunPlateau(*key, evaluations=len(acc), quarter_before=means[0], last_quarter=means[1],
                                    status=run_status, checks=checks, stopped_round=stopped.get(key)))
     return plateaus, short, unjudged
@@ -205,7 +205,7 @@ def plateau_rules(tables: list[tuple[dict, pd.DataFrame]], figures: Sequence[dic
                 if [str(cell.setting), str(cell.method)] in spec.get("kept_best_runs", []):
                     rule = BEST_OVER_ROUNDS  # fine-tuned from the model of its best round (keep_best)
                 rules.setdefault((str(cell.setting), str(cell.method)), set()).add(rule)
-    for run, metrics in figure_metrics(list(figures)).items():
+    for run, metrics in figure_metrics(figures).items():
         rules.setdefault(run, set()).update(RULE_OF_METRIC.get(m, QUARTER_MEAN) for m in metrics)
     return {key: sorted(found) for key, found in rules.items()}
 

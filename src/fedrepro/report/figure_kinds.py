@@ -26,7 +26,7 @@ start read this module, so each renderer imports pandas, matplotlib and its figu
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -450,7 +450,7 @@ def figure_inputs(study: dict, fig: dict, folder: str) -> list[str]:
     return figure_kind(fig["kind"]).inputs(study, fig, folder)
 
 
-def figure_metrics(specs: list[dict]) -> dict[Run, set[str]]:
+def figure_metrics(specs: Iterable[dict]) -> dict[Run, set[str]]:
     """(setting, method) -> the per-run accuracy metrics the figures (job specs, figure_spec) show of its runs;
     runs drawn only as per-round curves or probes are in none."""
     out: dict[Run, set[str]] = {}
