@@ -18,6 +18,8 @@ def test_steps_are_rounds_times_sampled_clients_times_local_steps():
     assert run_steps(spec()) == 10 * 5 * 2 * 79  # 5000 samples per client in batches of 64 -> 79 steps/epoch
     assert run_steps(spec(straggler_steps=[50, 500])) == 10 * 5 * 275
     assert run_steps(spec(drop_last=True)) == 10 * 5 * 2 * 78  # the short 79th batch dropped (FedDisco's code)
+    subset = {**spec(), "partition": {"kind": "dirichlet", "clients": 10, "beta": 0.5, "samples": 6400}}
+    assert run_steps(subset) == 10 * 5 * 2 * 10  # only the 6400 partitioned samples: 640 a client, 10 batches
 
 
 def test_step_flops_count_forward_and_backward_and_scale_with_batch():

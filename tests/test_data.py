@@ -314,7 +314,7 @@ def test_registry_prepares_embedded_and_rejects_unknown(tmp_path: Path) -> None:
     assert raw_files("svhn") == ["train_32x32.mat", "test_32x32.mat"]
 
 
-@pytest.mark.parametrize("name", ["digits", "digits_m"])
+@pytest.mark.parametrize("name", ["digits", "digits_m", "photo_patches"])
 def test_a_data_sets_declared_size_is_what_its_preparation_gives(tmp_path: Path, name: str) -> None:
     prepare_dataset(name, tmp_path / f"{name}.npz")
     p, size = load_prepared(tmp_path / f"{name}.npz"), DATASETS[name].size

@@ -112,6 +112,7 @@ def run_steps(spec: dict) -> float:
     part, t = spec["partition"], spec["training"]
     if part.get("pool_test"):
         n += TEST_SIZES[spec["dataset"]]
+    n = part.get("samples") or n  # laptop scale: a class-stratified subset of that many is partitioned
     if spec.get("federation") == "hetero":
         n *= 0.75  # each client trains on its own 75% (fedrepro.hetero.engine.HeteroConfig.train_fraction)
     clients = part["clients"]

@@ -99,7 +99,8 @@ DATASETS: dict[str, DatasetSpec] = {
     "fashion_mnist_m": DatasetSpec("fashion_mnist_m", False, None, embedded.fashion_mnist_m, None,
                                    built_from=("fashion_mnist",), size=Size(60000, (28, 28, 3), 10)),
     # Feddle's out-of-domain server data at laptop scale (other images, other labels)
-    "photo_patches": DatasetSpec("photo_patches", False, None, embedded.photo_patches, None),
+    "photo_patches": DatasetSpec("photo_patches", False, None, embedded.photo_patches, None,
+                                 size=Size(900, (28, 28, 1), 4, test=300)),
     # Feddle's out-of-domain server data at paper scale; downloaded by hand (ImageNet's licence)
     # (250 images of each ImageNet class, data/imagenet_subset.py)
     "imagenet_subset": DatasetSpec("imagenet_subset", True, imagenet_subset.check, imagenet_subset.prepare,
