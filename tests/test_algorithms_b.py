@@ -16,6 +16,7 @@ from conftest import dirichlet_clients, history_rows, reference_local_training, 
 
 from fedrepro.algorithms import build_algorithm
 from fedrepro.algorithms.base import Client
+from fedrepro.algorithms.moon import maps_each_sample_alone
 from fedrepro.models import build_model
 from fedrepro.sim.flat import FlatModel
 from fedrepro.sim.sync import TrainingConfig
@@ -271,6 +272,44 @@ def test_moon_keeps_each_clients_previous_local_model(small_data, parts):
     fresh.run()
     sampled = set().union(*(fresh.sample_clients(r).tolist() for r in range(1, CFG.rounds + 1)))
     assert set(fresh.alg.state["prev"]) == sampled
+
+
+def test_moon_computes_a_samples_frozen_features_once_per_local_training(small_data, parts):
+    """The global and previous vectors stay fixed while a client trains: with a per-sample body each sample's
+    z_glob and z_prev are computed in its first epoch only, and the training is the one that recomputes them."""
+    run = make_run(small_data, parts, "moon", {"mu": 1.0}, cfg=dataclasses.replace(CFG, local_epochs=3))
+    alg, w0 = run.alg, run.flat.w.clone()
+    forwarded = []
+    compute = alg.features
+    alg.features = lambda model, vector, x: forwarded.append(len(x)) or compute(model, vector, x)
+    alg.state["prev"][1] = w0 + small_noise(run, 0.05, 1)
+    run.train_client(1, 2, w0)
+    cached = run.flat.w.clone()
+    assert sum(forwarded) == 2 * len(run.clients[1])  # z_glob and z_prev of each sample, once
+    assert alg.body_per_sample
+
+    forwarded.clear()
+    alg.state["prev"][1] = w0 + small_noise(run, 0.05, 2)  # the same client and round again, a new prev:
+    run.train_client(1, 2, w0)  # nothing of the last training is reused
+    assert sum(forwarded) == 2 * len(run.clients[1])
+    again = run.flat.w.clone()
+
+    alg.body_per_sample = False  # as for a body with BatchNorm or dropout: recomputed in every batch
+    forwarded.clear()
+    alg.state["prev"][1] = w0 + small_noise(run, 0.05, 1)
+    run.train_client(1, 2, w0)
+    assert sum(forwarded) == 3 * 2 * len(run.clients[1])
+    assert torch.allclose(run.flat.w, cached, atol=1e-6)
+    assert not torch.allclose(again, cached, atol=1e-4)
+
+
+def test_per_sample_bodies_are_told_apart_from_batch_mixing_ones():
+    conv = [torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU()]
+    assert maps_each_sample_alone(torch.nn.Sequential(*conv, torch.nn.GroupNorm(2, 4)))
+    assert not maps_each_sample_alone(torch.nn.Sequential(*conv, torch.nn.BatchNorm2d(4)))
+    assert not maps_each_sample_alone(torch.nn.Sequential(*conv, torch.nn.Dropout2d(0.1)))
+    assert maps_each_sample_alone(build_model("simple_cnn", (28, 28, 1), 10).body)
+    assert maps_each_sample_alone(build_model("resnet18_gn", (32, 32, 3), 10).body)  # GroupNorm: per sample
 
 
 @pytest.mark.parametrize(("algorithm", "hparams", "state_key"), [

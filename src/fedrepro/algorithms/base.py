@@ -34,6 +34,7 @@ class Client:
     w_start: torch.Tensor  # the global vector this client started from (read-only)
     num_samples: int
     steps: int = 0  # local SGD steps taken so far
+    batch: torch.Tensor | None = None  # the current batch's indices into the samples trained on (set by the engine)
 
 
 # what FedDyn and FedDC report (their hyper-parameter `evaluate`): the server model the clients train from (their

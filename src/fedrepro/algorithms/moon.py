@@ -6,6 +6,9 @@ projection head is not used (the models here are body + linear head for every me
 the same architecture as the baselines it is compared with). z_glob comes from the round's global
 vector, z_prev from the client's model at the end of its previous participation (a buffer of one, MOON's
 default); both are evaluated with the same module via torch.func.functional_call, without gradient.
+Both vectors stay fixed while a client trains, so where the body maps each sample alone (no batch statistics,
+no dropout) the sequential engine computes a sample's z_glob and z_prev once, in its first local epoch, and
+looks them up in the later ones (``FrozenFeatures``): E epochs cost one extra pair of forward passes, not E.
 On a client's first participation prev = global: then l_con = log 2 whatever z, so the term has zero
 gradient, as in the official code's round 1, whose empty pool leaves only the positive logit (a client
 first sampled later contrasts there with its never-trained initial net; here with the global model).
@@ -14,6 +17,7 @@ mu = 0 is FedAvg exactly: no extra forward passes and no stored models.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -27,6 +31,49 @@ from fedrepro.plugins import NonNegative, Positive
 if TYPE_CHECKING:
     from fedrepro.sim.flat import FlatModel
     from fedrepro.sim.sync import TrainingConfig
+
+
+def maps_each_sample_alone(module: nn.Module) -> bool:
+    """Whether ``module``'s output for a sample depends on nothing else, call after call: no BatchNorm (its
+    training-mode statistics mix the batch) and no dropout (a fresh mask each call)."""
+    mixing = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
+    return not any(isinstance(m, mixing) for m in module.modules())
+
+
+class FrozenFeatures:
+    """Per-sample features of fixed parameter vectors during one client's local training, by sample index:
+    each sample's are computed the first time its index comes in a batch of that training. Holds a row per
+    index up to the largest seen (the training set's size at most) for each vector; cleared when the next
+    client's training starts."""
+
+    def __init__(self) -> None:
+        self.owner: Client | None = None  # whose training the tables are of: the engine makes a Client per training
+        self.tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # name -> (features, known)
+
+    def lookup(self, owner: Client, name: str, batch: torch.Tensor, x: torch.Tensor,
+               compute: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The features of samples ``batch`` (indices; ``x`` their inputs) under ``name``, from ``compute`` for
+        those not seen yet in ``owner``'s training."""
+        if owner is not self.owner:
+            self.owner, self.tables = owner, {}
+        if name not in self.tables:
+            z = compute(x)
+            size = int(batch.max()) + 1
+            feats, known = z.new_zeros((size, *z.shape[1:])), torch.zeros(size, dtype=torch.bool, device=z.device)
+            feats[batch], known[batch] = z, True
+            self.tables[name] = (feats, known)
+            return z
+        feats, known = self.tables[name]
+        grow = int(batch.max()) + 1 - len(feats)
+        if grow > 0:
+            feats = torch.cat([feats, feats.new_zeros((grow, *feats.shape[1:]))])
+            known = torch.cat([known, known.new_zeros(grow)])
+            self.tables[name] = (feats, known)
+        missing = ~known[batch]
+        if missing.any():
+            new = batch[missing]
+            feats[new], known[new] = compute(x[missing]), True
+        return feats[batch]
 
 
 def contrastive_loss(
@@ -49,6 +96,8 @@ class Moon(Algorithm):
     def setup(self, flat: FlatModel, num_clients: int, training: TrainingConfig) -> None:
         super().setup(flat, num_clients, training)
         self.state = {"prev": {}}  # client id -> its last local model (flat vector)
+        self.frozen = FrozenFeatures()  # not state: rebuilt from the vectors whenever a client starts
+        self.body_per_sample: bool | None = None  # maps_each_sample_alone(model.body), once known
 
     def state_bytes_per_client(self, num_params: int) -> int:
         return 4 * num_params if self.mu != 0 else 0  # the previous local model, float32
@@ -58,13 +107,24 @@ class Moon(Algorithm):
         with torch.no_grad():
             return functional_call(model.body, self.flat.as_params(vector, "body."), (x,))
 
+    def client_features(self, model: nn.Module, client: Client, name: str, vector: torch.Tensor,
+                        x: torch.Tensor) -> torch.Tensor:
+        """``features`` of the client's fixed vector ``name``, looked up by sample index where the body maps
+        each sample alone and the engine says which samples ``x`` holds."""
+        if self.body_per_sample is None:
+            self.body_per_sample = maps_each_sample_alone(model.body)
+        if client.batch is None or not self.body_per_sample:
+            return self.features(model, vector, x)
+        return self.frozen.lookup(client, name, client.batch, x,
+                                  lambda x_new: self.features(model, vector, x_new))
+
     def local_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, client: Client) -> torch.Tensor:
         if self.mu == 0:
             return super().local_loss(model, x, y, client)
         z = model.body(x)
-        z_glob = self.features(model, client.w_start, x)
+        z_glob = self.client_features(model, client, "glob", client.w_start, x)
         prev = self.state["prev"].get(client.cid)
-        z_prev = z_glob if prev is None else self.features(model, prev, x)
+        z_prev = z_glob if prev is None else self.client_features(model, client, "prev", prev, x)
         l_con = contrastive_loss(z, z_glob, z_prev, self.temperature)
         return F.cross_entropy(model.head(z), y) + self.mu * l_con
 

@@ -164,6 +164,7 @@ class FederatedRun:
         seen = 0
         for batch in batches:
             flat.zero_grad()
+            client.batch = batch
             loss = alg.local_loss(self.model, x_all[batch], y_all[batch], client)
             loss.backward()
             with torch.no_grad():
