@@ -64,6 +64,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/memory.py
 	$(BIN)/python benchmarks/roofline.py
 	$(BIN)/python benchmarks/pool_order.py
+	$(BIN)/python benchmarks/moon_features.py
 
 cost: $(VENV)/.installed
 	$(BIN)/python -m fedrepro.cost --configfile config/paper.yaml

@@ -34,7 +34,8 @@ class Client:
     w_start: torch.Tensor  # the global vector this client started from (read-only)
     num_samples: int
     steps: int = 0  # local SGD steps taken so far
-    batch: torch.Tensor | None = None  # the current batch's indices into the samples trained on (set by the engine)
+    samples: torch.Tensor | None = None  # its sample indices into the training data (sequential engine)
+    batch: torch.Tensor | None = None  # the current batch's, a subset of them (set by the engine before each step)
 
 
 # what FedDyn and FedDC report (their hyper-parameter `evaluate`): the server model the clients train from (their

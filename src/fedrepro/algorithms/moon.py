@@ -41,39 +41,34 @@ def maps_each_sample_alone(module: nn.Module) -> bool:
 
 
 class FrozenFeatures:
-    """Per-sample features of fixed parameter vectors during one client's local training, by sample index:
-    each sample's are computed the first time its index comes in a batch of that training. Holds a row per
-    index up to the largest seen (the training set's size at most) for each vector; cleared when the next
-    client's training starts."""
+    """Per-sample features of fixed parameter vectors during one client's local training: a row per sample of
+    the client (``Client.samples``), computed the first time the sample comes in a batch of that training
+    (``Client.batch``) and looked up after; cleared when the next client's training starts."""
 
     def __init__(self) -> None:
         self.owner: Client | None = None  # whose training the tables are of: the engine makes a Client per training
+        self.samples = torch.empty(0, dtype=torch.long)  # the owner's sample indices, sorted: row i is samples[i]
         self.tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # name -> (features, known)
 
-    def lookup(self, owner: Client, name: str, batch: torch.Tensor, x: torch.Tensor,
+    def lookup(self, client: Client, name: str, x: torch.Tensor,
                compute: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """The features of samples ``batch`` (indices; ``x`` their inputs) under ``name``, from ``compute`` for
-        those not seen yet in ``owner``'s training."""
-        if owner is not self.owner:
-            self.owner, self.tables = owner, {}
+        """The features under ``name`` of the client's current batch (``x`` its inputs), from ``compute`` for
+        the samples not seen yet in this training."""
+        if client is not self.owner:
+            self.owner, self.samples, self.tables = client, torch.sort(client.samples).values, {}
+        rows = torch.searchsorted(self.samples, client.batch)
         if name not in self.tables:
             z = compute(x)
-            size = int(batch.max()) + 1
-            feats, known = z.new_zeros((size, *z.shape[1:])), torch.zeros(size, dtype=torch.bool, device=z.device)
-            feats[batch], known[batch] = z, True
+            feats = z.new_empty((len(self.samples), *z.shape[1:]))
+            known = torch.zeros(len(self.samples), dtype=torch.bool, device=z.device)
+            feats[rows], known[rows] = z, True
             self.tables[name] = (feats, known)
             return z
         feats, known = self.tables[name]
-        grow = int(batch.max()) + 1 - len(feats)
-        if grow > 0:
-            feats = torch.cat([feats, feats.new_zeros((grow, *feats.shape[1:]))])
-            known = torch.cat([known, known.new_zeros(grow)])
-            self.tables[name] = (feats, known)
-        missing = ~known[batch]
+        missing = ~known[rows]
         if missing.any():
-            new = batch[missing]
-            feats[new], known[new] = compute(x[missing]), True
-        return feats[batch]
+            feats[rows[missing]], known[rows[missing]] = compute(x[missing]), True
+        return feats[rows]
 
 
 def contrastive_loss(
@@ -113,10 +108,9 @@ class Moon(Algorithm):
         each sample alone and the engine says which samples ``x`` holds."""
         if self.body_per_sample is None:
             self.body_per_sample = maps_each_sample_alone(model.body)
-        if client.batch is None or not self.body_per_sample:
+        if client.batch is None or client.samples is None or not self.body_per_sample:
             return self.features(model, vector, x)
-        return self.frozen.lookup(client, name, client.batch, x,
-                                  lambda x_new: self.features(model, vector, x_new))
+        return self.frozen.lookup(client, name, x, lambda x_new: self.features(model, vector, x_new))
 
     def local_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, client: Client) -> torch.Tensor:
         if self.mu == 0:

@@ -143,7 +143,8 @@ class FederatedRun:
 
     def client(self, cid: int, rnd: int, w_global: torch.Tensor) -> Client:
         """What the hooks know of client ``cid`` starting its local training in round ``rnd``."""
-        return Client(cid=cid, round=rnd, w_start=w_global, num_samples=len(self.clients[cid]))
+        return Client(cid=cid, round=rnd, w_start=w_global, num_samples=len(self.clients[cid]),
+                      samples=self.clients[cid])
 
     def client_batches(self, cid: int, rnd: int):
         """Client ``cid``'s local batches in round ``rnd`` (``local_batches``) from its own seeded generator:
