@@ -287,6 +287,7 @@ def test_moon_computes_a_samples_frozen_features_once_per_local_training(small_d
     cached = run.flat.w.clone()
     assert sum(forwarded) == 2 * len(run.clients[1])  # z_glob and z_prev of each sample, once
     assert alg.body_per_sample
+    assert len(alg.frozen.tables["glob"][0]) == len(run.clients[1])  # a row per sample of the client's, no more
 
     forwarded.clear()
     alg.state["prev"][1] = w0 + small_noise(run, 0.05, 2)  # the same client and round again, a new prev:
