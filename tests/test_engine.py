@@ -295,3 +295,18 @@ def test_test_samples_evaluates_a_fixed_stratified_subset(tmp_path) -> None:
     shares = np.bincount(full.y_test, minlength=10) / len(full.y_test)
     assert np.abs(np.bincount(sub.y_test, minlength=10) / 100 - shares).max() <= 0.01 + 1e-9
     assert len(full.x_train) == len(sub.x_train)  # training data untouched
+
+
+def test_evaluation_in_batches_of_any_size_gives_one_passs_numbers(small_data):
+    """evaluate's batch (inference_batch: a speed choice, 256 on a CPU) changes no accuracy and no loss."""
+    from fedrepro.sim.tensors import evaluate, inference_batch
+
+    torch.manual_seed(0)
+    model = build_model("simple_cnn", small_data.shape, small_data.num_classes)
+    x, y = torch.cat([small_data.x_train, small_data.x_test]), torch.cat([small_data.y_train, small_data.y_test])
+    whole = evaluate(model, x, y, small_data.num_classes, batch_size=len(y))
+    assert inference_batch(x.device) < len(y)  # the default below does go through several batches
+    for batch_size in (None, 7, 64):
+        acc, loss, per_class = evaluate(model, x, y, small_data.num_classes, batch_size=batch_size)
+        assert acc == whole[0] and per_class == whole[2]
+        assert loss == pytest.approx(whole[1], rel=1e-5)

@@ -46,7 +46,7 @@ from fedrepro.sim.batches import epoch_batches
 from fedrepro.sim.checkpoint import CheckpointError, close_round, load_checkpoint, resume_progress
 from fedrepro.sim.flat import FlatModel
 from fedrepro.sim.runs import RunResult, all_finite, diverged_loss, to_device
-from fedrepro.sim.tensors import DeviceData
+from fedrepro.sim.tensors import DeviceData, inference_batch
 
 # purposes beyond fedrepro.seeding's (INIT, SAMPLING, BATCHES, DELAYS, SERVER, STRAGGLERS = 1..6)
 SPLIT, GUIDE, META, AUX, SERVER_TRAIN = 101, 102, 103, 104, 105
@@ -245,8 +245,9 @@ class HeteroRun:
 
     # ----- evaluation
     @torch.no_grad()
-    def evaluate(self, batch_size: int = 1024) -> dict[str, Any]:
+    def evaluate(self) -> dict[str, Any]:
         """Every client's model on its own test set: pooled and per-client accuracy (percent), pooled loss."""
+        batch_size = inference_batch(self.device)
         correct = loss = 0.0
         total = 0
         per_client: list[float] = []
