@@ -65,6 +65,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/roofline.py
 	$(BIN)/python benchmarks/pool_order.py
 	$(BIN)/python benchmarks/moon_features.py
+	$(BIN)/python benchmarks/inference_batch.py
 
 cost: $(VENV)/.installed
 	$(BIN)/python -m fedrepro.cost --configfile config/paper.yaml
