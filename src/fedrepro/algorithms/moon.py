@@ -92,7 +92,7 @@ class Moon(Algorithm):
         super().setup(flat, num_clients, training)
         self.state = {"prev": {}}  # client id -> its last local model (flat vector)
         self.frozen = FrozenFeatures()  # not state: rebuilt from the vectors whenever a client starts
-        self.body_per_sample: bool | None = None  # maps_each_sample_alone(model.body), once known
+        self.body_per_sample = maps_each_sample_alone(flat.model.body)
 
     def state_bytes_per_client(self, num_params: int) -> int:
         return 4 * num_params if self.mu != 0 else 0  # the previous local model, float32
@@ -106,8 +106,6 @@ class Moon(Algorithm):
                         x: torch.Tensor) -> torch.Tensor:
         """``features`` of the client's fixed vector ``name``, looked up by sample index where the body maps
         each sample alone and the engine says which samples ``x`` holds."""
-        if self.body_per_sample is None:
-            self.body_per_sample = maps_each_sample_alone(model.body)
         if client.batch is None or client.samples is None or not self.body_per_sample:
             return self.features(model, vector, x)
         return self.frozen.lookup(client, name, x, lambda x_new: self.features(model, vector, x_new))
