@@ -1,10 +1,12 @@
-"""Evaluation speed against its batch size, per model at the shape a study evaluates it, one CPU thread.
+"""Forward-pass speed against its batch size, per model at the shape a study runs it, one CPU thread.
 
     python benchmarks/inference_batch.py
 
-fedrepro.sim.tensors.evaluate passes ``inference_batch(device)`` samples at a time (256 on a CPU, 2048 on a
-GPU). Rows: microseconds per image at each batch size (best of 2, random inputs in the engine's channels-last
-layout: the speed does not depend on the pixels), and the ratio of 256 to 2048, the size used before.
+fedrepro.sim.tensors.evaluate and in_inference_batches (FedDF's teachers, Feddle-OOD's and FedGH's features,
+fine-tuning's frozen body) pass ``inference_batch(device)`` samples at a time (256 on a CPU, 2048 on a GPU).
+Rows: microseconds per image of an evaluation at each batch size (best of 2, random inputs in the engine's
+channels-last layout: the speed does not depend on the pixels), and the ratios of 256 to the sizes used
+before: 2048 (evaluations, fine-tuning's features) and 512 (FedDF's teachers, Feddle-OOD's features).
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     print(f"cpu, 1 thread; torch {torch.__version__}; inference_batch(cpu) = {inference_batch(torch.device('cpu'))}")
-    print(f"{'model':12s} {'input':>10s} {'images':>7s} | " + " ".join(f"{b:>7d}" for b in SIZES) + " | 256 / 2048")
+    sizes = " ".join(f"{b:>7d}" for b in SIZES)
+    print(f"{'model':12s} {'input':>10s} {'images':>7s} | {sizes} | 256/2048 256/512")
     for name, shape, n in CASES:
         model = build_model(name, shape, 10)
         FlatModel(model)  # the engine's layout (channels-last convolution weights)
@@ -49,7 +52,7 @@ def main() -> None:
         y = torch.randint(0, 10, (n,))
         us = {b: microseconds_per_image(model, x, y, b) for b in SIZES}
         print(f"{name:12s} {'x'.join(map(str, shape)):>10s} {n:7d} | " + " ".join(f"{us[b]:7.1f}" for b in SIZES)
-              + f" | {us[256] / us[2048]:.2f}")
+              + f" | {us[256] / us[2048]:8.2f} {us[256] / us[512]:7.2f}")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from fedrepro.cost import ServerPass, estimate, run_steps, server_cost, server_passes, step_flops
+from fedrepro.sim.tensors import inference_batch
 
 
 def spec(**training):
@@ -57,14 +59,15 @@ def async_spec(algorithm: str, **hparams) -> dict:
 
 def test_server_passes_count_the_servers_data_every_round():
     feddle_ood = async_spec("feddle", server_data="out_of_domain", epochs=10, batch_size=64, grad_cosine=True)
+    gpu = inference_batch(torch.device("cuda"))  # forward-only passes: a GPU's inference batch
     # the search's 10 epochs, the OOD head's feature pass (forward), the cosine over 1024 OOD + 1000 ID samples
     assert server_passes(feddle_ood) == [ServerPass(200 * 10 * 250_000, 64, True),
-                                         ServerPass(200 * 250_000, 512, False),
+                                         ServerPass(200 * 250_000, gpu, False),
                                          ServerPass(200 * (1024 + 1000), 64, True)]
     assert server_passes(async_spec("feddle", epochs=10, batch_size=64)) == [ServerPass(200 * 10 * 1000, 64, True)]
     # FedDF: each of the 10 arrived client models labels the set (forward), then one epoch of distillation
     assert server_passes(async_spec("feddf", server_data="out_of_domain")) == [
-        ServerPass(200 * 10 * 250_000, 512, False), ServerPass(200 * 250_000, 64, True)]
+        ServerPass(200 * 10 * 250_000, gpu, False), ServerPass(200 * 250_000, 64, True)]
     subset = async_spec("feddf", server_data="out_of_domain")
     subset["async"]["ood_samples"] = 5000  # a seeded subset of the OOD set
     assert [p.samples for p in server_passes(subset)] == [200 * 10 * 5000, 200 * 5000]

@@ -310,3 +310,24 @@ def test_evaluation_in_batches_of_any_size_gives_one_passs_numbers(small_data):
         acc, loss, per_class = evaluate(model, x, y, small_data.num_classes, batch_size=batch_size)
         assert acc == whole[0] and per_class == whole[2]
         assert loss == pytest.approx(whole[1], rel=1e-5)
+
+
+def test_in_inference_batches_is_one_pass_in_pieces_of_the_inference_batch(small_data):
+    """A teacher's logits or a frozen body's features (FedDF, Feddle-OOD, FedGH, fine-tuning) computed in
+    batches of inference_batch: the rows of one whole pass, in order, with no batch larger than that."""
+    from fedrepro.sim.tensors import in_inference_batches, inference_batch
+
+    torch.manual_seed(0)
+    model = build_model("simple_cnn", small_data.shape, small_data.num_classes).eval()
+    x = torch.cat([small_data.x_train, small_data.x_test])
+    sizes = []
+
+    def body(xb: torch.Tensor) -> torch.Tensor:
+        sizes.append(len(xb))
+        return model.body(xb)
+
+    with torch.no_grad():
+        pieces, whole = in_inference_batches(body, x), model.body(x)
+    size = inference_batch(x.device)
+    assert len(x) > size and sizes == [min(size, len(x) - s) for s in range(0, len(x), size)]
+    torch.testing.assert_close(pieces, whole, rtol=1e-5, atol=1e-5)

@@ -30,13 +30,15 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from fedrepro.asyncfl.methods import build_method, feddf, feddle
+from fedrepro.asyncfl.methods import build_method, feddle
 from fedrepro.config import REPO, grid_runs, load_yaml, resolve_config, run_spec
 from fedrepro.data.registry import SHAPES as DATASETS
 from fedrepro.data.registry import TEST_SIZES
 from fedrepro.models import TEXT_MODELS, build_model
 from fedrepro.sim.batches import batches_per_epoch
+from fedrepro.sim.tensors import inference_batch
 
+GPU_INFERENCE_BATCH = inference_batch(torch.device("cuda"))  # the forward-only passes' batch on a GPU
 SHOWN_METHODS = 6  # per study, the methods with the most server GPU-hours are printed
 
 
@@ -155,14 +157,14 @@ def server_passes(spec: dict) -> list[ServerPass]:
     if method.name == "feddle":  # the search, the OOD head's feature pass, the cosine over both sets' subsets
         passes = [ServerPass(rounds * method.epochs * n, method.batch_size, True)]
         if method.server_data == "out_of_domain":
-            passes.append(ServerPass(rounds * n, feddle.CHUNK, False))
+            passes.append(ServerPass(rounds * n, GPU_INFERENCE_BATCH, False))
         if method.grad_cosine:
             cosine = min(feddle.GRAD_SAMPLES, n) + min(feddle.GRAD_SAMPLES, n_id)
             passes.append(ServerPass(rounds * cosine, method.batch_size, True))
         return passes
     if method.name == "feddf":  # every arrived client model is a teacher: as many a round as are sent
         clients_per_round = max(1, round(t["join_ratio"] * spec["partition"]["clients"]))
-        return [ServerPass(rounds * clients_per_round * n, feddf.CHUNK, False),
+        return [ServerPass(rounds * clients_per_round * n, GPU_INFERENCE_BATCH, False),
                 ServerPass(rounds * method.epochs * n, method.batch_size, True)]
     if method.name == "fedft":
         return [ServerPass(rounds * method.epochs * n, method.batch_size, True)]

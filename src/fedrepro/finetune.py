@@ -34,11 +34,10 @@ from fedrepro.io import atomic_write_json, open_npz
 from fedrepro.models import build_model
 from fedrepro.sim.checkpoint import SeedFiles, kept_parameters, read_checkpoint
 from fedrepro.sim.flat import FlatModel
-from fedrepro.sim.tensors import DeviceData, evaluate, to_device_data
+from fedrepro.sim.tensors import DeviceData, evaluate, in_inference_batches, to_device_data
 
 # Seed purposes of fine-tuning (fedrepro.seeding uses 1..6; the methods' probes 101..)
 HEAD_INIT, FT_BATCHES = 201, 202
-EVAL_CHUNK = 2048
 
 
 @dataclass
@@ -89,7 +88,7 @@ def _optimizer(params, cfg: FinetuneConfig) -> torch.optim.Optimizer:
 def features(body: nn.Module, x: torch.Tensor) -> torch.Tensor:
     was = body.training
     body.eval()
-    out = torch.cat([body(x[s : s + EVAL_CHUNK]) for s in range(0, len(x), EVAL_CHUNK)])
+    out = in_inference_batches(body, x)
     body.train(was)
     return out
 

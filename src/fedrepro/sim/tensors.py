@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -143,6 +143,13 @@ def inference_batch(device: torch.device) -> int:
     core's caches (256: Feddle's CNN at 28x28 evaluates 2.2x faster than in batches of 2048, the simple CNN as
     fast; benchmarks/inference_batch.py), on a GPU many (a launch a layer for thousands of images)."""
     return 2048 if device.type == "cuda" else 256
+
+
+def in_inference_batches(forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """``forward`` over the rows of ``x`` in batches of ``inference_batch``, concatenated: a pass over many
+    samples (a teacher's logits, a frozen body's features) with one batch's activations alive at a time."""
+    size = inference_batch(x.device)
+    return torch.cat([forward(x[start : start + size]) for start in range(0, len(x), size)])
 
 
 @torch.no_grad()

@@ -8,6 +8,8 @@ statistics (the server images are no client's data: asyncfl/base.py's rule)."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -16,9 +18,7 @@ from torch.func import functional_call
 from fedrepro.asyncfl.base import AsyncMethod, ServerData
 from fedrepro.asyncfl.server_train import train_vector
 from fedrepro.plugins import Positive, PositiveInt
-from fedrepro.sim.tensors import eval_mode
-
-CHUNK = 512  # server images per teacher forward pass
+from fedrepro.sim.tensors import eval_mode, in_inference_batches
 
 
 class FedDF(AsyncMethod):
@@ -39,8 +39,7 @@ class FedDF(AsyncMethod):
         for vec, buf in zip(teachers, buffers, strict=True):
             state = {**self.flat.as_params(vec), **(self.flat.as_buffers(buf) if buf is not None else {})}
             with eval_mode(self.model):
-                logits = torch.cat([functional_call(self.model, state, (x[s : s + CHUNK],))
-                                    for s in range(0, len(x), CHUNK)])
+                logits = in_inference_batches(partial(functional_call, self.model, state), x)
             summed = logits if summed is None else summed + logits
         return F.softmax(summed / len(teachers) / self.temperature, dim=1)
 

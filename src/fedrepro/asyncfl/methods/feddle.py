@@ -35,9 +35,9 @@ from torch import Tensor
 from fedrepro.asyncfl.atlas import coefficient_grad, normalize_anchors, replace_slot, search_coefficients
 from fedrepro.asyncfl.base import AsyncMethod, ServerData, Update, merge_buffers
 from fedrepro.plugins import NonNegative, NonNegativeInt, Positive, PositiveInt
-from fedrepro.sim.tensors import eval_mode
+from fedrepro.sim.tensors import eval_mode, in_inference_batches
 
-HEAD, CHUNK = 1, 512  # server-generator purpose of the OOD head fit; images per feature pass
+HEAD = 1  # server-generator purpose of the OOD head fit
 # the coefficient statistics of the last search (Fig. 6), NaN before the first
 STATS = ("coef_mean", "coef_std", "coef_min", "coef_max", "coef_neg_frac", "atlas")
 GRAD_SAMPLES, COSINE = 1024, 2  # grad_cosine: samples per set; server-generator purpose of its subsets
@@ -144,7 +144,7 @@ class Feddle(AsyncMethod):
         x, y = self.run.server_x, self.run.server_y
         self.flat.load(w_fit)
         with torch.no_grad():
-            feats = torch.cat([self.model.body(x[i : i + CHUNK]) for i in range(0, len(x), CHUNK)])
+            feats = in_inference_batches(self.model.body, x)
         gen = self.server_generator(rnd, HEAD)
         head = torch.nn.Linear(feats.shape[1], self.run.server_classes).to(feats.device)
         with torch.no_grad():  # seeded initialisation (nn.Linear's own draws from the global generator)

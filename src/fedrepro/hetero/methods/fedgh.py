@@ -21,23 +21,21 @@ from fedrepro import seeding
 from fedrepro.hetero.base import ClientRound, HeteroMethod, class_means, copy_head_in
 from fedrepro.hetero.engine import SERVER_TRAIN
 from fedrepro.plugins import Positive, PositiveInt
+from fedrepro.sim.tensors import in_inference_batches
 
 if TYPE_CHECKING:
     from fedrepro.hetero.engine import HeteroRun
 
 
 @torch.no_grad()
-def client_prototypes(client: ClientRound, x_all: torch.Tensor, y_all: torch.Tensor, num_classes: int,
-                      batch_size: int = 1024) -> dict[str, torch.Tensor]:
+def client_prototypes(client: ClientRound, x_all: torch.Tensor, y_all: torch.Tensor,
+                      num_classes: int) -> dict[str, torch.Tensor]:
     """Per-class mean body features of the client's training samples (eval mode): the classes it holds as
     int32 ids, their prototypes [k, K] and sample counts [k]."""
     model = client.model
     model.eval()
-    sums = counts = None
-    for start in range(0, client.num_train, batch_size):
-        b = client.train_idx[start : start + batch_size]
-        s, c = class_means(model.body(x_all[b]), y_all[b], num_classes)
-        sums, counts = (s, c) if sums is None else (sums + s, counts + c)
+    idx = client.train_idx
+    sums, counts = class_means(in_inference_batches(model.body, x_all[idx]), y_all[idx], num_classes)
     model.train()
     present = counts > 0
     return {"classes": present.nonzero().squeeze(1).to(torch.int32),
