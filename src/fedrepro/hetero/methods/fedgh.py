@@ -34,8 +34,9 @@ def client_prototypes(client: ClientRound, x_all: torch.Tensor, y_all: torch.Ten
     int32 ids, their prototypes [k, K] and sample counts [k]."""
     model = client.model
     model.eval()
-    idx = client.train_idx
-    sums, counts = class_means(in_inference_batches(model.body, x_all[idx]), y_all[idx], num_classes)
+    idx = client.train_idx  # batches of indices: only one batch of the client's images gathered at a time
+    feats = in_inference_batches(lambda batch: model.body(x_all[batch]), idx)
+    sums, counts = class_means(feats, y_all[idx], num_classes)
     model.train()
     present = counts > 0
     return {"classes": present.nonzero().squeeze(1).to(torch.int32),
