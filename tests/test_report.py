@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from fedrepro.report.collect import METRIC_COLUMNS, RunDataError, collect_runs, write_csv_atomic
+from fedrepro.report.convergence import add_plateau_changes
 from fedrepro.report.published import load_published, lookup
 from fedrepro.report.style import KNOWN_COLORS, method_color, method_dashes, method_palette
 from fedrepro.report.tables import EMBEDDED_NOTE, render_table
@@ -273,6 +274,40 @@ def test_render_table_diverged_cells(tmp_path: Path) -> None:
     assert "1 of 3 seeds diverged (round 7)" in md
     assert "| — |" in md
     assert "71.00 ± 1.00" in md
+
+
+def test_render_table_marks_the_cells_whose_seeds_are_not_at_their_plateau(tmp_path: Path) -> None:
+    root = tmp_path / "r"
+    flat = [60.0, 70.0, 71.0, 71.5, 71.2, 71.4, 71.3, 71.6]  # 8 evaluations: quarters of 2
+    rising = [40.0, 50.0, 55.0, 60.0, 64.0, 68.0, 72.0, 76.0]
+    falling = [60.0, 80.0, 79.0, 78.0, 70.0, 65.0, 60.0, 55.0]  # its best came early: settled by best_acc only
+    dirs = [make_run(root, "c10_niid1", "fedavg", s, flat) for s in range(2)]
+    dirs += [make_run(root, "c10_niid1", "fedprox", 0, flat), make_run(root, "c10_niid1", "fedprox", 1, rising)]
+    dirs += [make_run(root, "c10_niid2", m, s, falling) for m in METHODS for s in range(2)]
+    runs, summary = collect_runs(dirs)
+    cells = add_plateau_changes(summary, runs)
+
+    best = render_table(table_spec(), cells, None, tmp_path / "best", scale="paper")
+    assert _cell(best, "fedprox", "c10_niid1").n_moving == 1 and _cell(best, "fedavg", "c10_niid1").n_moving == 0
+    assert (best[best.setting == "c10_niid2"].n_moving == 0).all()  # the best over rounds no longer moves
+    md = (tmp_path / "best.md").read_text()
+    assert "| **73.80 ± 3.11**‡ |" in md and "| 71.60 ± 0.00 |" in md  # FedProx marked, FedAvg not
+    assert "the best over all evaluations minus the best over the first three quarters" in md
+    assert "‡ FedProx, CIFAR-10 NIID-1: 1 of 2 seeds (seed 1 +8.00)." in md
+    assert r"$^\ddagger$" in (tmp_path / "best.tex").read_text()
+    assert "‡</td>" in (tmp_path / "best.html").read_text()
+
+    # the same runs under a final-accuracy table: its rule is the quarter means, which the falling runs miss
+    final = render_table(table_spec(metric="final_acc"), cells, None, tmp_path / "final", scale="paper")
+    assert (final[final.setting == "c10_niid2"].n_moving == 2).all()
+    assert _cell(final, "fedprox", "c10_niid1").n_moving == 1
+    md = (tmp_path / "final.md").read_text()
+    assert "the mean of the last quarter of evaluations minus the mean of the quarter before" in md
+    assert "‡ FedAvg, CIFAR-10 NIID-2 (no_map): 2 of 2 seeds (seed 0 -10.00, seed 1 -10.00)." in md
+
+    # a frame without curves (no plateau columns) marks nothing
+    plain = render_table(table_spec(), summary, None, tmp_path / "plain", scale="paper")
+    assert (plain.n_moving == 0).all() and "‡" not in (tmp_path / "plain.md").read_text()
 
 
 def test_render_table_embedded_note_only_when_embedded(grid_runs: list[Path], tmp_path: Path) -> None:

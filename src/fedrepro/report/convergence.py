@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from fedrepro.report.collect import STOPPED
+from fedrepro.report.collect import KEYS, STOPPED
 from fedrepro.report.derived import metric_key
 from fedrepro.report.figure_kinds import figure_metrics
 
@@ -154,6 +154,36 @@ def plateau_check(acc: np.ndarray, rule: str) -> PlateauCheck | None:
     return PlateauCheck(rule, float(statistic(acc[n - 2 * q:n - q])), float(statistic(acc[n - q:])))
 
 
+def cell_rule(spec: dict, column: dict, setting: str, method: str) -> str:
+    """The plateau rule of the number a table cell reports: its metric's, or the best over rounds for a fine-tuning
+    cell whose pre-training hands on the model of its best round (``kept_best_runs``)."""
+    if [setting, method] in spec.get("kept_best_runs", []):
+        return BEST_OVER_ROUNDS
+    return RULE_OF_METRIC.get(metric_key(spec, column), QUARTER_MEAN)
+
+
+def plateau_change_column(rule: str) -> str:
+    """The column of a table's cells frame holding each run's change of ``rule``'s statistic (add_plateau_changes)."""
+    return f"plateau_change[{rule}]"
+
+
+def add_plateau_changes(summary: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """``summary`` with each run's change under every plateau rule (PlateauCheck.change, from its curve in
+    ``runs``; NaN for a run with fewer than 4 evaluations or no curve), so a table can mark the cells whose runs
+    still move (fedrepro.report.tables)."""
+    curves = {key: g.sort_values("round")["test_acc"].to_numpy(dtype=float)
+              for key, g in runs.groupby(KEYS)} if len(runs) else {}
+    out = summary.copy()
+    for rule in _STATISTIC:
+        changes = []
+        for run in out[KEYS].itertuples(index=False):
+            acc = curves.get(tuple(run))
+            check = None if acc is None else plateau_check(acc, rule)
+            changes.append(math.nan if check is None else check.change)
+        out[plateau_change_column(rule)] = changes
+    return out
+
+
 def run_plateaus(runs: pd.DataFrame, summary: pd.DataFrame,
                  rules: dict[tuple[str, str], list[str]] | None = None
                  ) -> tuple[list[RunPlateau], list[tuple[str, str, int]], list[tuple[str, str, int]]]:
@@ -201,9 +231,7 @@ def plateau_rules(tables: list[tuple[dict, pd.DataFrame]], figures: Sequence[dic
         n_cols, accuracy_cols = len(spec["columns"]), _accuracy_columns(spec)
         for i, cell in enumerate(cells.itertuples(index=False)):
             if i % n_cols in accuracy_cols:
-                rule = RULE_OF_METRIC.get(metric_key(spec, spec["columns"][i % n_cols]), QUARTER_MEAN)
-                if [str(cell.setting), str(cell.method)] in spec.get("kept_best_runs", []):
-                    rule = BEST_OVER_ROUNDS  # fine-tuned from the model of its best round (keep_best)
+                rule = cell_rule(spec, spec["columns"][i % n_cols], str(cell.setting), str(cell.method))
                 rules.setdefault((str(cell.setting), str(cell.method)), set()).add(rule)
     for run, metrics in figure_metrics(figures).items():
         rules.setdefault(run, set()).update(RULE_OF_METRIC.get(m, QUARTER_MEAN) for m in metrics)

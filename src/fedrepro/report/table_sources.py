@@ -48,13 +48,16 @@ class TableSource:
 
 def _read_runs(spec: dict, cells_csv: Path | None, runs_csv: Path | None) -> pd.DataFrame:
     """The aggregated tables, refused unless whole (their checksums) and holding every seed (the spec's
-    ``seeds``, the study's; without them, some seed) of every run of its cells, with the derived metrics."""
+    ``seeds``, the study's; without them, some seed) of every run of its cells, with the derived metrics and
+    each run's plateau changes (the pre-training curve's, for a fine-tuning cell)."""
     from fedrepro.config import table_runs
+    from fedrepro.report.convergence import add_plateau_changes
     from fedrepro.report.derived import add_derived
     from fedrepro.report.integrity import read_aggregate
 
     cells, seeds = table_runs(spec), spec.get("seeds")
-    return add_derived(spec, read_aggregate(cells_csv, cells, seeds), read_aggregate(runs_csv, cells, seeds))
+    runs = read_aggregate(runs_csv, cells, seeds)
+    return add_plateau_changes(add_derived(spec, read_aggregate(cells_csv, cells, seeds), runs), runs)
 
 
 def table_metrics(table: dict) -> set[str]:

@@ -12,6 +12,13 @@ import pandas as pd
 
 from fedrepro.config import average_sources, table_cell, table_cell_method, table_cell_setting
 from fedrepro.report.collect import write_csv_atomic, write_text_atomic
+from fedrepro.report.convergence import (
+    BEST_OVER_ROUNDS,
+    LAST_K_MAX,
+    PLATEAU_POINTS,
+    cell_rule,
+    plateau_change_column,
+)
 from fedrepro.report.derived import lower_is_better, metric_key
 from fedrepro.report.deviations import deviation_href, deviations_sentence
 from fedrepro.report.published import lookup
@@ -50,8 +57,15 @@ CSV_COLUMNS = [
     "method",
     "setting",
     "n_diverged",
+    "n_moving",
 ]
 DAGGER = "†"
+MOVING = "‡"  # seeds not at their plateau (fedrepro.report.convergence)
+# what a plateau rule's change measures, for a cell's footnote
+_CHANGE_OF = {
+    LAST_K_MAX: "the max over the last quarter of evaluations minus the max over the quarter before",
+    BEST_OVER_ROUNDS: "the best over all evaluations minus the best over the first three quarters",
+}
 DASH = "—"
 
 
@@ -67,6 +81,8 @@ class _Cell:
     diverged_rounds: list[int | None] = field(default_factory=list)
     paper: tuple[float, float | None] | None = None
     bold: bool = False
+    rule: str | None = None  # the plateau rule of its number (accuracy cells of runs with curves)
+    moving: list[tuple[int, float]] = field(default_factory=list)  # (seed, change) of its runs still moving
 
     @property
     def status(self) -> str:
@@ -101,6 +117,14 @@ class _Cell:
     def footnote(self) -> str:
         return (f"{DAGGER} {self.row}, {self.column}: {len(self.diverged_rounds)} of {self.n_runs} seeds "
                 f"{self.diverged_text()}; mean over the other {len(self.values)}.")
+
+    def marks(self) -> str:
+        return (DAGGER if self.status == "partial" else "") + (MOVING if self.moving else "")
+
+    def moving_footnote(self) -> str:
+        seeds = ", ".join(f"seed {seed} {delta:+.2f}" for seed, delta in self.moving)
+        plural = "seed" if len(self.values) == 1 else "seeds"
+        return f"{MOVING} {self.row}, {self.column}: {len(self.moving)} of {len(self.values)} {plural} ({seeds})."
 
 
 @dataclass
@@ -212,13 +236,18 @@ def _build_cells(spec: dict, summary: pd.DataFrame, published: pd.DataFrame | No
                 )
             cell.n_runs = len(runs)
             seeds = runs["seed"] if "seed" in runs.columns else range(len(runs))
-            for status, value, dr, seed in zip(runs["status"], runs[metric], runs["diverged_round"], seeds,
-                                               strict=True):
+            if metric.endswith("_acc"):
+                cell.rule = cell_rule(spec, c, setting, method)
+            changes = runs.get(plateau_change_column(cell.rule), pd.Series(math.nan, runs.index))
+            for status, value, dr, seed, change in zip(runs["status"], runs[metric], runs["diverged_round"], seeds,
+                                                       changes, strict=True):
                 if status == "diverged":
                     cell.diverged_rounds.append(int(dr) if pd.notna(dr) else None)
                 elif pd.notna(value):
                     cell.values.append(float(value))
                     cell.seeds.append(int(seed))
+                    if cell.rule and pd.notna(change) and abs(change) > PLATEAU_POINTS:
+                        cell.moving.append((int(seed), float(change)))
             line.append(cell)
         for j, c in enumerate(spec["columns"]):
             if "average_of" in c:
@@ -265,7 +294,17 @@ def _describe(spec: dict, summary: pd.DataFrame, grid: list[list[_Cell]]) -> str
 
 
 def _footnotes(grid: list[list[_Cell]]) -> list[str]:
-    return [c.footnote() for line in grid for c in line if c.status == "partial"]
+    cells = [c for line in grid for c in line]
+    notes = [c.footnote() for c in cells if c.status == "partial"]
+    moving = [c for c in cells if c.moving]
+    if moving:
+        rules = dict.fromkeys(c.rule for c in moving)  # in order of appearance
+        changes = "; ".join(_CHANGE_OF.get(rule, "the mean of the last quarter of evaluations minus the mean of the "
+                                                 "quarter before") for rule in rules)
+        notes.append(f"{MOVING} seeds not at their plateau ({changes}: beyond ±{PLATEAU_POINTS:g} point): the number "
+                     "is where these runs stopped, not where they would settle. By cell, each such seed's change:")
+        notes += [c.moving_footnote() for c in moving]
+    return notes
 
 
 def _shared_run_notes(spec: dict) -> list[str]:
@@ -292,7 +331,7 @@ def _md_ours(c: _Cell) -> str:
         return c.diverged_text()
     text = _pm(c.mean, c.std, " ± ")
     text = f"**{text}**" if c.bold else text
-    return text + (DAGGER if c.status == "partial" else "")
+    return text + c.marks()
 
 
 def _render_md(spec: dict, grid, has_paper: list[bool], intro: list[str], notes: list[str],
@@ -346,6 +385,7 @@ _TEX_SPECIAL = {
     "—": "---",
     "–": "--",
     "†": r"$^\dagger$",
+    "‡": r"$^\ddagger$",
     "−": "$-$",
     "“": "``",
     "”": "''",
@@ -364,7 +404,7 @@ def _tex_ours(c: _Cell) -> str:
         return tex_escape(c.diverged_text())
     text = _pm(c.mean, c.std, r" $\pm$ ")
     text = rf"\textbf{{{text}}}" if c.bold else text
-    return text + (r"$^\dagger$" if c.status == "partial" else "")
+    return text + tex_escape(c.marks())
 
 
 def _render_tex(spec: dict, grid, has_paper: list[bool], intro: list[str], notes: list[str],
@@ -423,7 +463,7 @@ def _html_ours(c: _Cell) -> str:
         return html.escape(_md_ours(c))
     text = html.escape(_pm(c.mean, c.std, " ± "))
     text = f"<b>{text}</b>" if c.bold else text
-    return text + (DAGGER if c.status == "partial" else "")
+    return text + c.marks()
 
 
 def _render_html(spec: dict, grid, has_paper: list[bool], intro: list[str], notes: list[str],
@@ -465,8 +505,10 @@ def render_table(
     """Write ``out_stem``.md/.tex/.html/.csv for one table spec and return the tidy cell frame.
 
     A cell is mean ± std over seeds of ``spec["metric"]``; diverged seeds are left out of the mean
-    (and marked), an all-diverged cell says so, an empty cell shows a dash. Where the row, column and
-    ``paper_table`` map to a published cell, the paper's value and ours − paper are shown beside it.
+    (and marked), an all-diverged cell says so, an empty cell shows a dash. An accuracy cell some of whose
+    seeds are not at their plateau by the rule of its number (fedrepro.report.convergence; the frame's
+    ``plateau_change[...]`` columns) is marked ‡ and its footnote gives each such seed's change. Where the row,
+    column and ``paper_table`` map to a published cell, the paper's value and ours − paper are shown beside it.
     """
     if spec.get("metric") not in METRICS:
         raise ValueError(f"table {spec.get('name')}: metric {spec.get('metric')!r} not in {sorted(METRICS)}")
@@ -508,6 +550,7 @@ def render_table(
                 "method": c.method,
                 "setting": c.setting,
                 "n_diverged": len(c.diverged_rounds),
+                "n_moving": len(c.moving),
             }
             for line in grid
             for c in line
