@@ -56,8 +56,9 @@ def _read_runs(spec: dict, cells_csv: Path | None, runs_csv: Path | None) -> pd.
     from fedrepro.report.integrity import read_aggregate
 
     cells, seeds = table_runs(spec), spec.get("seeds")
+    summary = read_aggregate(cells_csv, cells, seeds)  # first: a missing seed is named in the cells' table
     runs = read_aggregate(runs_csv, cells, seeds)
-    return add_plateau_changes(add_derived(spec, read_aggregate(cells_csv, cells, seeds), runs), runs)
+    return add_plateau_changes(add_derived(spec, summary, runs), runs)
 
 
 def table_metrics(table: dict) -> set[str]:
