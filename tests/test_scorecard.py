@@ -143,6 +143,21 @@ def test_a_place_holds_beyond_two_standard_errors_fails_below_minus_two_and_is_w
     assert every.ours.startswith("unresolved (3 unresolved of 3): one unresolved: +3.00 (1 seed)")
 
 
+def test_a_place_on_a_cell_whose_seeds_still_move_says_so() -> None:
+    spec = spec_of(THREE_COLS, [{"better": "a", "than": "b"}])
+    ours = [[73.0, 71.0, 67.0], [70.0, 70.0, 70.0], [NAN] * 3]
+    cells = cells_of(spec, ours, [[NAN] * 3] * 3, [[NAN] * 3] * 3, ours_sd=[[1.0] * 3] * 3, seeds=2)
+    # b's cell in column one and a's in column three have a seed not at its plateau (the tables' n_moving)
+    moving = cells.assign(n_moving=[0, 0, 1, 1, 0, 0, 0, 0, 0])
+    (claim,) = check_claims(spec, moving)
+    assert claim.ours == ("fails (1 hold, 1 fail, 1 within noise of 3): one holds: +3.00 ± 1.00 (2 SE 2.00; ‡ seeds "
+                          "not at their plateau); two within noise: +1.00 ± 1.00 (2 SE 2.00); three fails: -3.00 ± "
+                          "1.00 (2 SE 2.00; ‡ seeds not at their plateau)")
+    # the outcome is the seeds' noise's, as before: the mark says what the difference is between
+    assert [c.ours.split(":")[0] for c in check_claims(spec, cells)] == [claim.ours.split(":")[0]]
+    assert "‡" not in check_claims(spec, cells)[0].ours  # a CSV without n_moving marks nothing
+
+
 def test_a_best_claim_is_checked_against_the_strongest_other_row() -> None:
     columns = [{"setting": "s1", "label": "acc"}, {"setting": "s1", "label": "rounds", "metric": "rounds_to_acc"}]
     spec = {**spec_of(columns, [{"best": "a"}]), "target_acc": 55}

@@ -65,6 +65,7 @@ RANK_MIN_ROWS = 3  # Kendall's tau over fewer rows says little
 NOISE_SE = 2
 HOLDS, FAILS, WITHIN_NOISE, UNRESOLVED = "holds", "fails", "within noise", "unresolved"
 ONE_SEED = "1 seed"  # our side of a place without an SE: nothing to judge the difference against
+MOVING_NOTE = "‡ seeds not at their plateau"
 
 
 @dataclass
@@ -167,6 +168,7 @@ class Estimate:
     mean: float
     sd: float
     n: int
+    moving: bool = False  # seeds of the cell not at their plateau (its table's ‡, n_moving)
 
 
 @dataclass(frozen=True)
@@ -182,6 +184,7 @@ class Place:
     no_se: str
     sign_holds: bool
     digits: int = 2
+    moving: bool = False  # a cell compared has seeds not at their plateau: a difference of runs still moving
 
     @property
     def outcome(self) -> str:
@@ -197,17 +200,19 @@ class Place:
 
     def text(self) -> str:
         diff = f"{self.diff:+.{self.digits}f}"
+        moving = f"; {MOVING_NOTE}" if self.moving else ""
         if math.isnan(self.se):
-            return f"{self.name} {self.outcome}: {diff} ({self.no_se})"
+            return f"{self.name} {self.outcome}: {diff} ({self.no_se}{moving})"
         return (f"{self.name} {self.outcome}: {diff} ± {self.se:.{self.digits}f} "
-                f"({NOISE_SE:g} SE {NOISE_SE * self.se:.{self.digits}f})")
+                f"({NOISE_SE:g} SE {NOISE_SE * self.se:.{self.digits}f}{moving})")
 
 
 def _place(name: str, a: Estimate, b: Estimate, lower: bool, no_se: str) -> Place:
     """Claimed cell ``a`` against ``b``; SE of a difference of two independent means: sqrt(sd_a²/n_a + sd_b²/n_b)."""
     diff = b.mean - a.mean if lower else a.mean - b.mean
     se = math.sqrt(a.sd ** 2 / a.n + b.sd ** 2 / b.n) if min(a.n, b.n) > 0 else math.nan
-    return Place(name, diff, se, no_se, _beats(a.mean, b.mean, lower), max(decimals(a.mean), decimals(b.mean)))
+    return Place(name, diff, se, no_se, _beats(a.mean, b.mean, lower), max(decimals(a.mean), decimals(b.mean)),
+                 a.moving or b.moving)
 
 
 def _places(spec: dict, claim: dict, grid: list[list[Estimate]], no_se: str) -> list[Place]:
@@ -271,15 +276,20 @@ def claim_text(spec: dict, claim: dict) -> str:
     return f"column {claim['better_column']} beats column {claim['than_column']} in {rows}"
 
 
-def _estimates(means: list[list[float]], sds: list[list[float]], ns: list[list[float]]) -> list[list[Estimate]]:
-    return [[Estimate(m, s, 0 if math.isnan(n) else int(n)) for m, s, n in zip(*lines, strict=True)]
-            for lines in zip(means, sds, ns, strict=True)]
+def _estimates(means: list[list[float]], sds: list[list[float]], ns: list[list[float]],
+               moving: list[list[float]] | None = None) -> list[list[Estimate]]:
+    moving = moving or [[0.0] * len(line) for line in means]
+    return [[Estimate(m, s, 0 if math.isnan(n) else int(n), bool(k > 0)) for m, s, n, k in zip(*lines, strict=True)]
+            for lines in zip(means, sds, ns, moving, strict=True)]
 
 
 def check_claims(spec: dict, cells: pd.DataFrame, trials: int | None = None) -> list[ClaimResult]:
     """Each of the table's `claims`, checked in our means (sd over the cell's seeds) and in the published ones
     (their printed sd over ``trials``, the paper's trial count; None: the table's sds are not over trials)."""
-    ours = _estimates(_grid(spec, cells, "ours_mean"), _grid(spec, cells, "ours_std"), _grid(spec, cells, "n_seeds"))
+    # a cells CSV from before the plateau marks has no n_moving: nothing marked
+    moving = _grid(spec, cells, "n_moving") if "n_moving" in cells.columns else None
+    ours = _estimates(_grid(spec, cells, "ours_mean"), _grid(spec, cells, "ours_std"), _grid(spec, cells, "n_seeds"),
+                      moving)
     paper_mean = _grid(spec, cells, "paper_mean")
     paper_sd = _grid(spec, cells, "paper_std") if trials else [[math.nan] * len(line) for line in paper_mean]
     paper = _estimates(paper_mean, paper_sd, [[trials or 0] * len(line) for line in paper_mean])
@@ -434,7 +444,9 @@ def _intro(scale: str, scores: list[TableScore]) -> list[str]:
         "the published sd over the paper's trials. A place where we have one seed has no SE and is "
         "**unresolved**; a published pair printed without sds is judged by its sign, ties at two decimals "
         "holding. A claim holds if it holds in every place, fails if it fails in any, "
-        "is unresolved if no place could be judged, and is within noise otherwise.",
+        "is unresolved if no place could be judged, and is within noise otherwise. A place that compares a cell "
+        f"with seeds not at their plateau (its table's ‡) says “{MOVING_NOTE}”: a difference between runs "
+        "still moving, which more training could change.",
     ]
 
 
