@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 CORES ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: run test browser fashion-mnist laptop-full snapshot-laptop-full lint bench cost preflight clean-results \
+.PHONY: run test browser fashion-mnist laptop-full laptop-feddle-600 snapshot-laptop-full lint bench cost preflight clean-results \
 	clean-paper-results
 
 # --no-compile: pip would byte-compile all ~12,000 modules (~40 s of one core, mostly torch's); Python compiles
@@ -47,6 +47,11 @@ fashion-mnist:
 laptop-full: $(VENV)/.installed fashion-mnist
 	$(BIN)/snakemake --cores $(CORES) --configfile config/laptop-full.yaml \
 	  -P results/laptop-full/feddle-fmnist/tables/table5.md
+
+# Feddle's four averaging baselines of Table 5 trained until they settle (600 rounds, ~0.9 core-hours; not in
+# laptop-full: README, "laptop-full"), into results/laptop-feddle-600
+laptop-feddle-600: $(VENV)/.installed fashion-mnist
+	$(BIN)/snakemake --cores $(CORES) --configfile config/laptop-feddle-600.yaml
 
 # copy a complete laptop-full run's scorecard, tables and figures into docs/results/laptop-full (WALL_TIME: as measured;
 # REFRESH=study ...: replace only those studies' files, from a run of them alone: README, "laptop-full")

@@ -16,6 +16,7 @@ from fedrepro.report.convergence import (
     BEST_OVER_ROUNDS,
     LAST_K_MAX,
     PLATEAU_POINTS,
+    QUARTER_MEAN,
     cell_rule,
     plateau_change_column,
 )
@@ -65,6 +66,7 @@ MOVING = "‡"  # seeds not at their plateau (fedrepro.report.convergence)
 _CHANGE_OF = {
     LAST_K_MAX: "the max over the last quarter of evaluations minus the max over the quarter before",
     BEST_OVER_ROUNDS: "the best over all evaluations minus the best over the first three quarters",
+    QUARTER_MEAN: "the mean of the last quarter of evaluations minus the mean of the quarter before",
 }
 DASH = "—"
 
@@ -299,8 +301,7 @@ def _footnotes(grid: list[list[_Cell]]) -> list[str]:
     moving = [c for c in cells if c.moving]
     if moving:
         rules = dict.fromkeys(c.rule for c in moving)  # in order of appearance
-        changes = "; ".join(_CHANGE_OF.get(rule, "the mean of the last quarter of evaluations minus the mean of the "
-                                                 "quarter before") for rule in rules)
+        changes = "; ".join(_CHANGE_OF[rule] for rule in rules)
         notes.append(f"{MOVING} seeds not at their plateau ({changes}: beyond ±{PLATEAU_POINTS:g} point): the number "
                      "is where these runs stopped, not where they would settle. By cell, each such seed's change:")
         notes += [c.moving_footnote() for c in moving]
