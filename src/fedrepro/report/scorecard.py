@@ -20,7 +20,7 @@ from fedrepro.report.convergence import StudyConvergence, convergence_blocks, st
 from fedrepro.report.derived import LAST_K_MAX, SUMMARY_METRICS, lower_is_better, metric_key
 from fedrepro.report.integrity import read_aggregate
 from fedrepro.report.published import trials_behind_sd
-from fedrepro.report.tables import decimals
+from fedrepro.report.tables import MOVING, decimals
 
 EMBEDDED_STATEMENT = (
     "**Embedded scale.** These runs use small stand-in data sets that ship with scikit-learn, small "
@@ -65,7 +65,7 @@ RANK_MIN_ROWS = 3  # Kendall's tau over fewer rows says little
 NOISE_SE = 2
 HOLDS, FAILS, WITHIN_NOISE, UNRESOLVED = "holds", "fails", "within noise", "unresolved"
 ONE_SEED = "1 seed"  # our side of a place without an SE: nothing to judge the difference against
-MOVING_NOTE = "‡ seeds not at their plateau"
+MOVING_NOTE = f"{MOVING} seeds not at their plateau"  # the tables' mark of such cells
 
 
 @dataclass
