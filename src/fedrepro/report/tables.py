@@ -240,7 +240,8 @@ def _build_cells(spec: dict, summary: pd.DataFrame, published: pd.DataFrame | No
             seeds = runs["seed"] if "seed" in runs.columns else range(len(runs))
             if metric.endswith("_acc"):
                 cell.rule = cell_rule(spec, c, setting, method)
-            changes = runs.get(plateau_change_column(cell.rule), pd.Series(math.nan, runs.index))
+            change_col = plateau_change_column(cell.rule) if cell.rule else None  # None: not an accuracy cell
+            changes = runs[change_col] if change_col in runs.columns else pd.Series(math.nan, runs.index)
             for status, value, dr, seed, change in zip(runs["status"], runs[metric], runs["diverged_round"], seeds,
                                                        changes, strict=True):
                 if status == "diverged":
@@ -248,7 +249,7 @@ def _build_cells(spec: dict, summary: pd.DataFrame, published: pd.DataFrame | No
                 elif pd.notna(value):
                     cell.values.append(float(value))
                     cell.seeds.append(int(seed))
-                    if cell.rule and pd.notna(change) and abs(change) > PLATEAU_POINTS:
+                    if pd.notna(change) and abs(change) > PLATEAU_POINTS:
                         cell.moving.append((int(seed), float(change)))
             line.append(cell)
         for j, c in enumerate(spec["columns"]):
