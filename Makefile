@@ -4,6 +4,16 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 CORES ?= $(shell nproc 2>/dev/null || echo 2)
+# Another CPU's kernels on this one (README, "Other CPUs"): torch's ATen vectors and oneDNN's convolutions capped to
+# what an AVX2-only or an SSE4.1-only x86-64 CPU runs. `make test KERNELS=avx2`, `make run KERNELS=sse41`.
+KERNELS ?= native
+KERNELS_native :=
+KERNELS_avx2 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+KERNELS_sse41 := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41
+ifeq ($(filter $(KERNELS),native avx2 sse41),)
+$(error KERNELS=$(KERNELS): one of native, avx2, sse41)
+endif
+WITH_KERNELS := env $(KERNELS_$(KERNELS))
 
 .PHONY: run test browser fashion-mnist laptop-full laptop-feddle-600 snapshot-laptop-full lint bench cost preflight clean-results \
 	clean-paper-results
@@ -19,10 +29,10 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 # the embedded default's artifacts, the scorecard and the README showcase, then the HTML report of all of them
 # (the default reads Fashion-MNIST: `make fashion-mnist` first puts Debian's copy where the download step looks)
 run: $(VENV)/.installed fashion-mnist
-	$(BIN)/snakemake --cores $(CORES) --report results/report.html --report-after-run
+	$(WITH_KERNELS) $(BIN)/snakemake --cores $(CORES) --report results/report.html --report-after-run
 
 test: $(VENV)/.installed browser fashion-mnist
-	$(BIN)/python -m pytest -q -n $(CORES) --dist loadfile
+	$(WITH_KERNELS) $(BIN)/python -m pytest -q -n $(CORES) --dist loadfile
 
 # Headless Chromium for tests/test_report_browser.py: installed with apt-get where missing and we are root
 # (CI); elsewhere that test is skipped with the reason.
@@ -71,6 +81,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/pool_order.py
 	$(BIN)/python benchmarks/moon_features.py
 	$(BIN)/python benchmarks/inference_batch.py
+	$(BIN)/python benchmarks/kernel_sets.py
 
 cost: $(VENV)/.installed
 	$(BIN)/python -m fedrepro.cost --configfile config/paper.yaml

@@ -14,6 +14,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_report_header(config) -> str:
+    """Which of torch's CPU kernels the suite runs (Makefile, KERNELS): the second pass CI makes runs another set."""
+    import torch
+
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA") or "native"
+    return f"torch CPU capability: {torch.backends.cpu.get_cpu_capability()}; oneDNN max ISA: {isa}"
+
+
 @pytest.fixture(scope="session")
 def digits_prepared(tmp_path_factory):
     """The embedded digits data set, prepared once per test session."""
@@ -81,6 +89,16 @@ def small_data(digits_prepared):
     return data
 
 
+@pytest.fixture(scope="session")
+def small_data64(small_data):
+    """small_data in float64: for tests that compare two mathematically equal computations over many steps, where
+    float32's rounding (which differs between CPUs' kernel sets) must not decide the verdict. A run on it builds
+    its model in float64 (sync_run follows the data's dtype)."""
+    import dataclasses
+
+    return dataclasses.replace(small_data, x_train=small_data.x_train.double(), x_test=small_data.x_test.double())
+
+
 def dirichlet_clients(labels, n_clients: int = 4, beta: float = 0.5, seed: int = 0) -> list[np.ndarray]:
     from fedrepro.partition import dirichlet_partition
 
@@ -99,7 +117,7 @@ def sync_run(data, parts, algorithm: str = "fedavg", hparams: dict | None = None
     from fedrepro.sim.sync import FederatedRun
 
     torch.manual_seed(seeding.derive_seed(seed, seeding.INIT))
-    net = build_model(model, data.shape, data.num_classes)
+    net = build_model(model, data.shape, data.num_classes).to(data.x_train.dtype)  # float64 data: a float64 model
     return FederatedRun(net, build_algorithm(algorithm, **(hparams or {})), data, parts, cfg,
                         weighting or {"kind": "size"}, seed, log=lambda m: None)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import http.server
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -84,15 +85,26 @@ def test_a_diverged_method_is_reported_with_its_round_and_the_rest_renders(done)
     metrics = pd.read_csv(res / "runs/iid/boom/seed0/metrics.csv")
     assert metrics["round"].tolist() == [1] and metrics["train_loss"].isna().all()
     assert pd.read_csv(res / "runs/iid/ok/seed0/metrics.csv")["round"].tolist() == [1, 2, 3]
-    assert "diverged at round 1: train loss nan" in (res / "logs/train/iid/boom.log").read_text()
+    # why, in the log and the summary: the round's loss and the first quantity that went non-finite
+    assert re.search(r"diverged at round 1: train loss nan; first non-finite quantity: client \d+'s training loss",
+                     (res / "logs/train/iid/boom.log").read_text())
+    assert [(s["divergence"]["round"], s["divergence"]["first_non_finite"][:7]) for s in boom] == [(1, "client ")] * 2
+    assert all(s["divergence"] is None for s in ok)
     # the finished marker keeps the verdict: a rerun does not train the diverged run again; no checkpoint left
     marker = json.loads(next((res / "checkpoints/iid/boom").rglob("seed0.done.json")).read_text())
     assert (marker["status"], marker["diverged_round"]) == ("diverged", 1)
     assert not list((res / "checkpoints").rglob("*.pt"))
 
-    summary = pd.read_csv(res / "summary.csv")
+    summary = pd.read_csv(res / "summary.csv", keep_default_na=False)
     assert sorted(zip(summary["method"], summary["status"], strict=True)) == [
         ("boom", "diverged"), ("boom", "diverged"), ("ok", "complete"), ("ok", "complete")]
+    because = dict(zip(summary["method"] + summary["seed"].astype(str), summary["diverged_because"], strict=True))
+    assert because["ok0"] == "" and because["boom0"] == boom[0]["divergence"]["why"]
+    # the scorecard keeps diverged runs apart from runs still moving, each with why
+    scorecard = (done / "results" / "scorecard.md").read_text()
+    assert re.search(r"Diverged: \*\*2 of \d+ \(\d+%\)\*\*", scorecard), scorecard
+    diverged_rows = scorecard.split("Runs that diverged:")[1].split("\n\n")[1]
+    assert f"| iid | boom | 0 | 1 | {boom[0]['divergence']['why']} |" in diverged_rows
     cells = pd.read_csv(res / "tables/t1.csv").set_index("method")
     assert cells.loc["boom", "status"] == "diverged" and cells.loc["boom", "n_diverged"] == 2
     assert pd.isna(cells.loc["boom", "ours_mean"])
@@ -118,6 +130,9 @@ def test_a_diverged_method_is_reported_with_its_round_and_the_rest_renders(done)
     ("{kind: iid, clients: 3}", "{kind: iid, clients: 100000}",
      "settings.iid.partition.clients: 100000 clients share the 1347 training samples of digits: some would hold none"),
     ("  ok: {algorithm", "  fed/ok: {algorithm", "methods: 'fed/ok' is no usable name"),
+    ("last_k: 2}", "last_k: 2, eval_every: 5}",
+     "settings.iid / methods.boom: training.eval_every: 5 exceeds rounds (3): the run would be evaluated at its last "
+     "round only"),
 ])
 def test_b_an_invalid_edit_after_a_run_is_refused_naming_file_and_key_and_loses_nothing(run_dir, old, new, message):
     before = hashes(run_dir)
@@ -126,6 +141,18 @@ def test_b_an_invalid_edit_after_a_run_is_refused_naming_file_and_key_and_loses_
     assert proc.returncode != 0
     assert f"invalid configuration: {run_dir / 'study.yaml'}: " in proc.out, proc.out[-3000:]
     assert message in proc.out, proc.out[-3000:]
+    assert "Building DAG of jobs" not in proc.out
+    assert hashes(run_dir) == before
+
+
+def test_b_a_last_k_window_longer_than_a_reported_runs_evaluations_is_refused(run_dir):
+    before = hashes(run_dir)
+    edit_study(run_dir, "metric: final_acc", "metric: last_k_acc")
+    edit_study(run_dir, "last_k: 2}", "last_k: 50}")  # 3 evaluations: the "last 50" would be all 3
+    proc = snakemake(run_dir)
+    assert proc.returncode != 0
+    assert ("settings.iid / methods.ok: training.last_k: 50 exceeds the 3 evaluations of 3 rounds evaluated every 1, "
+            "and tables.t1 reports its last_k_acc") in proc.out, proc.out[-3000:]
     assert "Building DAG of jobs" not in proc.out
     assert hashes(run_dir) == before
 
@@ -160,6 +187,29 @@ def test_c_a_checkpoint_of_another_configuration_is_refused_naming_it(run_dir):
     for s in (0, 1):
         assert (res / f"runs/iid/ok/seed{s}/metrics.csv").stat().st_size > 0
     assert not (res / "runs/iid/ok/seeds.json").exists()
+
+
+def test_c_a_cut_metrics_file_is_refused_and_the_printed_remedy_restores_the_results(run_dir):
+    res = run_dir / "results" / "tiny"
+    metrics = res / "runs/iid/ok/seed0/metrics.csv"
+    whole = pd.read_csv(metrics)
+    results = {k: v for k, v in hashes(run_dir).items() if "/tables/" in k}
+    metrics.write_bytes(metrics.read_bytes()[: metrics.stat().st_size // 2])  # a copy cut short, a failing disk
+    proc = snakemake(run_dir, "--forcerun", "aggregate")  # whatever aggregates again reads the cut file
+    assert proc.returncode != 0
+    assert f"run metrics {metrics.relative_to(run_dir)} do not match the sha256" in proc.out, proc.out[-3000:]
+    printed = re.search(r"`snakemake (--forcerun \S+)`, with the --configfile and options of the run that failed",
+                        proc.out)
+    assert printed, proc.out[-3000:]
+    # run as printed (this run's --configfile added, as the message says): seed 0 trains again, seed 1 is kept
+    proc = snakemake(run_dir, *printed.group(1).split())
+    assert proc.returncode == 0, proc.out[-3000:]
+    again = pd.read_csv(metrics)
+    timing = ["seconds"]  # wall-clock seconds differ between two trainings; every number they report does not
+    pd.testing.assert_frame_equal(again.drop(columns=timing), whole.drop(columns=timing))
+    assert {k: v for k, v in hashes(run_dir).items() if "/tables/" in k} == results
+    assert (res / "runs.csv").is_file()
+    assert "seed 1: finished (complete)" in (res / "logs/train/iid/ok.log").read_text()
 
 
 def test_c_a_corrupt_partition_is_named(run_dir):

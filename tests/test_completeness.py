@@ -156,7 +156,7 @@ def test_a_truncated_runs_csv_is_refused_by_tables_figures_and_the_scorecard(tmp
     runs_csv.write_text("".join(lines[: len(lines) // 2]))  # fedprox gone, as the tester found
     for read in readers.values():
         with pytest.raises(AggregateError, match=rf"{re.escape(str(runs_csv))} does not match the sha256 .* "
-                                                 "rerun snakemake"):
+                                                 rf"`snakemake --forcerun {re.escape(str(runs_csv))}`"):
             read()
 
 

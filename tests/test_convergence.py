@@ -159,7 +159,10 @@ def test_each_run_is_judged_by_the_metric_of_the_tables_and_figures_that_report_
     (_, head, missed), = [t for t in tables_out if t[0] == "Runs that miss the plateau rule"]
     rows = {r[1]: r[4] for r in missed}
     assert rows["both"] == "mean 70.00 vs 72.00 before (-2.00, quarter-mean)"  # the rule it misses, only
-    assert rows["diverged"] == "best 84.00 vs 84.00 before (+0.00, best-over-rounds)"  # named, with its check
+    # a diverged run is kept apart from the runs still moving: named in a list of its own, with why
+    assert "diverged" not in rows and "Diverged: **1 of 6 (17%)**" in statements[0]
+    (_, head, diverged), = [t for t in tables_out if t[0] == "Runs that diverged"]
+    assert diverged == [["a", "diverged", "0", "", "not recorded (a run written before diagnoses were kept)"]]
 
 
 def test_a_run_that_diverges_before_its_fourth_evaluation_counts_as_a_miss():

@@ -184,6 +184,66 @@ def test_a_finite_but_exploding_loss_counts_as_divergence(small_data, monkeypatc
     monkeypatch.setattr(runs, "DIVERGED_LOSS", 1e-3)  # every real loss is above this
     flagged = make_run(small_data, parts, cfg=dataclasses.replace(CFG, rounds=2)).run()
     assert flagged.status == "diverged" and flagged.diverged_round == 1
+    # nothing non-finite to name: the largest quantity instead
+    assert flagged.divergence["first_non_finite"] is None and flagged.divergence["largest"]
+    assert "every quantity still finite, the largest" in flagged.divergence["why"]
+
+
+def test_a_diverged_run_names_its_round_loss_and_first_non_finite_quantity(small_data, tmp_path):
+    parts = dirichlet_clients(small_data.y_train.numpy())
+    log: list[str] = []
+    run = make_run(small_data, parts, cfg=dataclasses.replace(CFG, lr=1e6, momentum=0.0, rounds=6))
+    run.log = log.append
+    result = run.run(tmp_path / "ckpt.pt", "fp")
+    why = result.divergence
+    assert why["round"] == result.diverged_round and not math.isfinite(why["train_loss"])
+    # a client's local training blew up first: its loss is the first of the round's quantities that is not finite
+    assert why["first_non_finite"] == f"client {run.sample_clients(why['round'])[0]}'s training loss"
+    assert f"diverged at round {why['round']}: {why['why']}" in log
+    assert why["why"].startswith("train loss nan; first non-finite quantity: client ")
+    # a resumed diverged run still says why
+    again = make_run(small_data, parts, cfg=dataclasses.replace(CFG, lr=1e6, momentum=0.0, rounds=6))
+    resumed = again.run(tmp_path / "ckpt.pt", "fp").divergence
+
+    def without_loss(d: dict) -> dict:  # NaN != NaN
+        return {k: v for k, v in d.items() if k != "train_loss"}
+
+    assert without_loss(resumed) == without_loss(why)
+
+
+def test_a_non_finite_control_variate_is_named_before_the_losses_it_spoils(small_data):
+    parts = dirichlet_clients(small_data.y_train.numpy())
+    run = make_run(small_data, parts, "scaffold", cfg=dataclasses.replace(CFG, rounds=3))
+    server_end = run.alg.server_end
+
+    def corrupt_after_round_1(w):
+        w = server_end(w)
+        if not run.alg.state.get("spoiled"):
+            run.alg.state["c"][7] = float("nan")  # round 1 ends finite: weights and loss; the server's c does not
+            run.alg.state["spoiled"] = torch.ones(1)
+        return w
+
+    run.alg.server_end = corrupt_after_round_1
+    result = run.run()
+    assert result.status == "diverged" and result.diverged_round == 2
+    assert result.divergence["first_non_finite"] == f"client {run.sample_clients(2)[0]}'s download c"
+
+
+def test_a_round_trace_names_the_first_non_finite_quantity_in_its_order_or_else_the_largest():
+    from fedrepro.sim.runs import RoundTrace
+
+    trace = RoundTrace()
+    trace.note("a loss", torch.tensor(2.0))
+    trace.note("an upload", {"delta": torch.tensor([1.0, 3.0]), "count": torch.tensor(4)})  # integers: not noted
+    trace.note("the state", {"c_local": {3: torch.tensor([float("inf")])}, "c": torch.tensor([float("nan")])})
+    found = trace.diagnose(5, float("nan"))
+    assert (found.round, found.first_non_finite, found.largest) == (5, "the state c_local[3]", "an upload delta")
+    trace = RoundTrace()
+    trace.note("w", torch.tensor([-7.0, 2.0]))
+    trace.note("c", torch.tensor([3e11]))
+    found = trace.diagnose(2, 4e12)
+    assert (found.first_non_finite, found.largest, found.largest_magnitude) == (None, "c", pytest.approx(3e11))
+    assert "every quantity still finite, the largest c (max |x| 3e+11)" in found.text()
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])

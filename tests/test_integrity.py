@@ -160,6 +160,57 @@ def test_garbage_json_read_back_is_named(finished, tmp_path):
         finished_marker(files, "fp", root / "seed0", keep_model=False)
 
 
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A real file system of 256 KiB (tmpfs), so that torch's own writer meets a real ENOSPC; skipped where this
+    process may not mount one (not root, or a container without the capability)."""
+    import subprocess
+
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True,
+                          text=True)
+    if proc.returncode:
+        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or proc.returncode}); the simulated chain "
+                    "below still runs")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_checkpoint_on_a_really_full_disk_names_its_path_and_the_disk(tiny_disk):
+    # torch's writer raises RuntimeError("[enforce fail at inline_container.cc:...] unexpected pos ...") while
+    # handling the OSError(ENOSPC) of the file write: the message must still say which file and why
+    ckpt = tiny_disk / "ckpt" / "seed0.pt"
+    with pytest.raises(OSError, match=named(ckpt) + ": could not be written: disk full") as caught:
+        save_checkpoint(ckpt, "fp", {"w": torch.zeros(1_000_000)})
+    assert caught.value.errno == errno.ENOSPC
+    assert not [p for p in tiny_disk.rglob("*") if p.is_file()]  # nothing half-written is left behind
+
+
+def test_a_writer_that_wraps_the_disk_error_still_names_the_file_and_the_disk(monkeypatch, tmp_path):
+    def wrapped(*args, **kwargs):  # the chain torch's writer raises on a full disk (measured on tmpfs above)
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")  # noqa: B904 (as torch chains it)
+
+    monkeypatch.setattr(torch, "save", wrapped)
+    ckpt = tmp_path / "ckpt" / "seed0.pt"
+    with pytest.raises(OSError, match=named(ckpt) + ": could not be written: disk full") as caught:
+        save_checkpoint(ckpt, "fp", {"round": 1})
+    assert caught.value.errno == errno.ENOSPC
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+
+    def unrelated(*args, **kwargs):
+        raise RuntimeError("not a disk's error")
+
+    monkeypatch.setattr(torch, "save", unrelated)  # anything else passes through as it was raised
+    with pytest.raises(RuntimeError, match="not a disk's error"):
+        save_checkpoint(ckpt, "fp", {"round": 1})
+
+
 def test_a_full_disk_names_the_file_and_says_disk_full(monkeypatch, tmp_path):
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")

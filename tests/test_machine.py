@@ -36,6 +36,21 @@ def test_a_run_summary_records_its_cpu_and_torch_cpu_capability(tmp_path: Path) 
     assert machine["torch"] == torch.__version__ and machine["threads"] == torch.get_num_threads()
 
 
+def test_the_kernel_set_asked_for_is_the_one_that_runs_and_is_recorded(tmp_path: Path) -> None:
+    """`make test KERNELS=...` (Makefile) caps torch's kernels through the environment; a cap torch did not take
+    would let a second pass of the suite run the native kernels again and prove nothing."""
+    import os
+
+    asked = os.environ.get("ATEN_CPU_CAPABILITY")
+    if asked:
+        assert torch.backends.cpu.get_cpu_capability() == {"default": "DEFAULT"}.get(asked, asked.upper())
+    machine = json.loads((write(tmp_path, 0) / "summary.json").read_text())["machine"]
+    assert machine["onednn_max_cpu_isa"] == os.environ.get("ONEDNN_MAX_CPU_ISA")
+    runs, summary = collect_runs([tmp_path / "runs/iid/fedavg/seed0"])
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    assert summary["cpu_capability"][0] == machine["cpu_capability"] + (f", oneDNN max ISA {isa}" if isa else "")
+
+
 def test_cpu_model_reads_cpuinfo_and_falls_back_to_platform(tmp_path: Path, monkeypatch) -> None:
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Some CPU @ 2.0GHz\n")

@@ -299,7 +299,7 @@ def check_study(name: str, study: dict, source: str, prefix: str = "") -> None:
     what each table's source and each figure's kind checks of its own (fedrepro.report.table_sources,
     fedrepro.report.figure_kinds)."""
     for check in (_name_problems, _setting_problems, _method_problems, _training_problems, _grid_problems,
-                  _table_problems, _deviation_problems, _figure_problems):
+                  _table_problems, _last_k_problems, _deviation_problems, _figure_problems):
         for key, problem in check(study):
             raise ConfigError(f"{source}: {_key_path([p for p in (prefix, key) if p])}: {problem}")
 
@@ -403,9 +403,47 @@ def _grid_problems(study: dict) -> Problems:
             if training.get(key, value) != value:
                 yield (f"settings.{s} / methods.{m}: training.{key}",
                        f"must be {value!r} in a `federation: {kind}` study ({why}), got {training[key]!r}")
+        yield from ((f"settings.{s} / methods.{m}: training.{key}", problem)
+                    for key, problem in _schedule_problems(training))
         if training.get("optimizer") == "adam" and training["momentum"]:
             yield (f"settings.{s} / methods.{m}: training.momentum",
                    f"must be 0 with optimizer: adam (Adam's moments are its own), got {training['momentum']!r}")
+
+
+def evaluations(training: dict) -> int:
+    """How many evaluations a run of ``training`` makes: every ``eval_every`` rounds, and at its last round."""
+    rounds, every = training["rounds"], training["eval_every"]
+    return rounds // every + (rounds % every != 0)
+
+
+def _schedule_problems(training: dict) -> Problems:
+    """An evaluation interval longer than the run: it would be taken silently as "at the last round only"."""
+    rounds, every = training["rounds"], training["eval_every"]
+    if every > rounds:
+        yield "eval_every", f"{every} exceeds rounds ({rounds}): the run would be evaluated at its last round only"
+
+
+def _last_k_problems(study: dict) -> Problems:
+    """A table cell that reports a number over the last k evaluations (last_k_acc, last_k_max_acc, last_k_sd_acc)
+    of a run with fewer evaluations than k: it would silently be a number over all of them. (Runs no such cell
+    reports may keep any last_k: one-round probes, say.)"""
+    seen = set()
+    for t, table in study["tables"].items():
+        for row in table.get("rows", []):
+            for column in table.get("columns", []):
+                metric = column.get("metric") or table.get("metric") or ""
+                if "average_of" in column or "method" not in row or not metric.startswith("last_k"):
+                    continue
+                s, m = table_cell_setting(row, column), table_cell_method(row, column)
+                if (s, m) in seen or s not in study["settings"] or m not in study["methods"]:
+                    continue  # unknown names: the grid's and the table's own checks say so
+                seen.add((s, m))
+                training = run_training(study, s, m)
+                if training["eval_every"] <= training["rounds"] and training["last_k"] > (n := evaluations(training)):
+                    yield (f"settings.{s} / methods.{m}: training.last_k",
+                           f"{training['last_k']} exceeds the {n} evaluations of {training['rounds']} rounds "
+                           f"evaluated every {training['eval_every']}, and tables.{t} reports its {metric}: that "
+                           "would silently be a number over all of them")
 
 
 def _table_problems(study: dict) -> Problems:

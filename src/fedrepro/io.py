@@ -18,6 +18,14 @@ if TYPE_CHECKING:
 
 # what to do about a damaged file that a rule wrote (checkpoints say their own way out)
 REBUILD = "delete it and rerun; snakemake rebuilds it"
+
+
+def rerun_command(output: str | os.PathLike) -> str:
+    """How to rebuild ``output`` and everything computed from it. Deleting ``output`` is not enough: Snakemake
+    leaves a missing intermediate file alone while the artifacts made from it are present ("Nothing to be done")."""
+    return f"`snakemake --forcerun {output}`, with the --configfile and options of the run that failed"
+
+
 # the errno of a failed write -> what to tell the user (else os.strerror)
 WRITE_ERRORS = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded", errno.EROFS: "read-only file system"}
 
@@ -37,7 +45,7 @@ def checksum_path(path: str | os.PathLike) -> Path:
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], None], *, checksum: bool = False) -> Path:
     """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it over ``path``; with ``checksum``
     the file's sha256 goes to ``checksum_path(path)``. A failed write raises OSError naming ``path`` and the
-    cause ("disk full")."""
+    cause ("disk full"), also where the writer wrapped the system's error in its own (torch's)."""
     from fedrepro.data.download import file_digest
 
     path = Path(path)
@@ -59,17 +67,33 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], None], *, chec
             both = dict.fromkeys([digest, *accepted])
             atomic_write_text(sidecar, "".join(f"{d}  {path.name}\n" for d in both))
         os.replace(tmp, path)
-    except OSError as exc:
+    except Exception as exc:
         Path(tmp).unlink(missing_ok=True)
-        cause = WRITE_ERRORS.get(exc.errno) or (os.strerror(exc.errno) if exc.errno else str(exc))
-        message = f"{path}: could not be written: {cause} ({exc})"
-        raise (OSError(exc.errno, message) if exc.errno else OSError(message)) from exc
+        failed = exc if isinstance(exc, OSError) else _os_error_in(exc)
+        if failed is None:
+            raise
+        cause = WRITE_ERRORS.get(failed.errno) or (os.strerror(failed.errno) if failed.errno else str(failed))
+        message = f"{path}: could not be written: {cause} ({failed})"
+        raise (OSError(failed.errno, message) if failed.errno else OSError(message)) from exc
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     if checksum:
         atomic_write_text(sidecar, f"{digest}  {path.name}\n")
     return path
+
+
+def _os_error_in(exc: BaseException) -> OSError | None:
+    """The operating system's error behind ``exc``, if one is in its chain: torch's writer reports a full disk as
+    RuntimeError("[enforce fail at inline_container.cc] unexpected pos ...") raised while handling the
+    OSError(ENOSPC) that Python's file write raised."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError) and exc.errno:
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _umask() -> int:

@@ -85,9 +85,11 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
 
 def machine() -> dict:
     """What produced a run's numbers: the CPU model, torch's CPU capability (the vector instructions its kernels
-    use, e.g. AVX512: results can differ in the last bits between capabilities), torch's version and the CPU
+    use, e.g. AVX512, or what ATEN_CPU_CAPABILITY caps it to: results differ in the last bits between them), the
+    cap oneDNN's convolutions were held to (ONEDNN_MAX_CPU_ISA, None: the CPU's best), torch's version and the CPU
     threads torch uses."""
     return {"cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA"),
             "torch": torch.__version__, "threads": torch.get_num_threads()}
 
 
@@ -111,6 +113,8 @@ def write_run(out_dir: Path, spec: dict, seed: int, result: RunResult, device: t
         # what the aggregation checks metrics.csv against (fedrepro.report.collect): a cut file may still parse
         "metrics_sha256": hashlib.sha256(metrics.encode()).hexdigest(),
         "status": result.status, "diverged_round": result.diverged_round, "stopped_round": result.stopped_round,
+        # a diverged run's round, training loss and first non-finite quantity (sim/runs.py, Divergence)
+        "divergence": result.divergence,
         "fingerprint": fingerprint, "rounds": spec["training"]["rounds"], "last_k": spec["training"]["last_k"],
         **summarize(result, spec["training"]["last_k"]),
         "per_class_acc": result.per_class_acc,

@@ -49,7 +49,7 @@ class FedDC(Algorithm):
 
     def setup(self, flat: FlatModel, num_clients: int, training: TrainingConfig) -> None:
         super().setup(flat, num_clients, training)
-        zeros = torch.zeros(self.num_params, device=self.device)
+        zeros = torch.zeros_like(flat.w)
         # h, g_k: client id -> drift, local gradient state; h_mean = (1/N) sum_k h_k and g on the server
         self.state = {"h": {}, "h_mean": zeros, "g_k": {}, "g": zeros.clone()}
 

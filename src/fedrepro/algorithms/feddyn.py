@@ -41,7 +41,7 @@ class FedDyn(Algorithm):
     def setup(self, flat: FlatModel, num_clients: int, training: TrainingConfig) -> None:
         super().setup(flat, num_clients, training)
         # grad: client id -> that client's grad_k (its local gradient estimate); h: the server's state
-        self.state = {"grad": {}, "h": torch.zeros(self.num_params, device=self.device)}
+        self.state = {"grad": {}, "h": torch.zeros_like(flat.w)}  # the model's dtype (float64 in exact tests)
 
     def correct_grad(self, w: torch.Tensor, g: torch.Tensor, client: Client) -> None:
         grad_k = self.state["grad"].get(client.cid)

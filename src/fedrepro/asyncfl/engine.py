@@ -46,7 +46,7 @@ from fedrepro import seeding
 from fedrepro.algorithms.base import Algorithm
 from fedrepro.asyncfl.base import AsyncMethod, ServerData, Update
 from fedrepro.sim.checkpoint import CheckpointError, close_round, load_checkpoint, resume_progress
-from fedrepro.sim.runs import RunResult, all_finite, diverged_loss, to_device
+from fedrepro.sim.runs import RoundTrace, RunResult, all_finite, diverged_loss, to_device
 from fedrepro.sim.sync import FederatedRun, TrainingConfig, client_accuracy
 from fedrepro.sim.tensors import DeviceData, evaluate
 
@@ -298,9 +298,12 @@ class AsyncRun:
             self.server_call(method.round_begin, w, rnd)
             loss_sum = torch.zeros((), device=w.device)
             seen = 0
+            trace = RoundTrace()
             for f in arriving:
                 update, client_loss, client_seen = self.client_update(
                     f.cid, f.dispatch_round, snapshots[f.dispatch_round], rnd, buffer_snapshots.get(f.dispatch_round))
+                trace.note(f"client {f.cid}'s training loss (sent in round {f.dispatch_round})", client_loss)
+                trace.note(f"client {f.cid}'s update", update.delta)
                 bytes_up += _tensor_bytes([update.delta, update.buffers])
                 loss_sum += client_loss
                 seen += client_seen
@@ -315,6 +318,11 @@ class AsyncRun:
             train_loss = loss_sum.item() / seen if seen else float("nan")
             seconds += time.perf_counter() - t0
             diverged = diverged_loss(train_loss if seen else None) or not all_finite(w)
+            divergence = None
+            if diverged:
+                trace.note("the global model", w)
+                trace.note("the method's state", method.state)
+                divergence = trace.diagnose(rnd, train_loss if seen else None)
             if true is not None:
                 self.true_updates[rnd] = true.cpu()
             if diverged or evaluating:
@@ -331,7 +339,7 @@ class AsyncRun:
                     **(_spread("true_cos", true_cos) if self.asyn.true_update else {})))
                 self.log(f"round {rnd}/{cfg.rounds} acc {acc:.2f} loss {test_loss:.4f} arrived {len(arriving)} "
                          f"in flight {len(inflight)} {seconds:.1f}s")
-            if close_round(rnd, cfg.rounds, diverged, f"train loss {train_loss}", result, checkpoint, fingerprint,
+            if close_round(rnd, cfg.rounds, divergence, result, checkpoint, fingerprint,
                            cfg.checkpoint_every, partial(self.snapshot, rnd, w, result, inflight, snapshots,
                                                          buffer_snapshots, bytes_up, bytes_down, seconds, measured),
                            self.log):

@@ -45,7 +45,7 @@ from fedrepro.models.groups import build_arch, group_members
 from fedrepro.sim.batches import epoch_batches
 from fedrepro.sim.checkpoint import CheckpointError, close_round, load_checkpoint, resume_progress
 from fedrepro.sim.flat import FlatModel
-from fedrepro.sim.runs import RunResult, all_finite, diverged_loss, to_device
+from fedrepro.sim.runs import RoundTrace, RunResult, all_finite, diverged_loss, to_device
 from fedrepro.sim.tensors import DeviceData, inference_batch
 
 # purposes beyond fedrepro.seeding's (INIT, SAMPLING, BATCHES, DELAYS, SERVER, STRAGGLERS = 1..6)
@@ -352,6 +352,7 @@ class HeteroRun:
             ce_sum = torch.zeros((), device=self.device)
             seen = 0
             bad_client = False
+            trace = RoundTrace()
             t = self._clock()
             method.server_begin(rnd, sampled)
             server_s += self._clock() - t
@@ -361,17 +362,21 @@ class HeteroRun:
                 payload = method.broadcast(cid, rnd)
                 server_s += self._clock() - t
                 down += payload_bytes(payload)
+                trace.note(f"client {cid}'s download", payload)
                 client = self.load_client(cid, rnd)
                 t = self._clock()
                 method.receive(client, payload)
                 if trains:
                     c_loss, c_ce, c_seen = self.train_client(client)
+                    trace.note(f"client {cid}'s training loss", c_loss)
                     loss_sum += c_loss
                     ce_sum += c_ce
                     seen += c_seen
                 upload = method.upload(client)
                 client_s.append(self._clock() - t)
                 up += payload_bytes(upload)
+                trace.note(f"client {cid}'s model", client.flat.w)
+                trace.note(f"client {cid}'s upload", upload)
                 bad_client = bad_client or not all_finite(client.flat.w)
                 self.store_client(client)
                 t = self._clock()
@@ -388,6 +393,10 @@ class HeteroRun:
             train_loss = loss_sum.item() / seen if seen else None
             train_ce = ce_sum.item() / seen if seen else None
             diverged = diverged_loss(train_loss) or bad_client or method.diverged()
+            divergence = None
+            if diverged:
+                trace.note("the method's state", method.state)
+                divergence = trace.diagnose(rnd, train_loss)
             if diverged or rnd % cfg.eval_every == 0 or rnd == cfg.rounds:
                 ev = self.evaluate()
                 result.per_class_acc, result.per_client_acc = ev["per_class_acc"], ev["per_client_acc"]
@@ -401,7 +410,7 @@ class HeteroRun:
                 trained = "-" if train_loss is None else f"{train_loss:.4f}"
                 self.log(f"round {rnd}/{cfg.rounds} acc {ev['test_acc']:.2f} (per client "
                          f"{ev['client_acc_mean']:.2f}) train {trained} {seconds:.1f}s")
-            if close_round(rnd, cfg.rounds, diverged, f"train loss {train_loss}", result, checkpoint, fingerprint,
+            if close_round(rnd, cfg.rounds, divergence, result, checkpoint, fingerprint,
                            cfg.checkpoint_every, partial(self.snapshot, rnd, result, window, bytes_up, bytes_down,
                                                          seconds), self.log):
                 break

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedrepro.io import atomic_write_text
+from fedrepro.io import atomic_write_text, rerun_command
 
 KEYS = ["study", "setting", "method", "seed"]
 METRIC_COLUMNS = ["round", "test_acc", "test_loss", "train_loss", "bytes_up", "bytes_down", "seconds"]
@@ -35,6 +35,9 @@ MACHINE = ["cpu", "cpu_capability"]
 # Optional per-run round at which early stopping ended the run (TrainingConfig.early_stop): the column is there when
 # any run of the table stopped early, empty for the others
 STOPPED = "stopped_round"
+# Optional per-run text of why a run diverged (summary.json's divergence.why: its round's loss and first non-finite
+# quantity, fedrepro.sim.runs.Divergence): the column is there when any run recorded one, "" for the others
+DIVERGED_BECAUSE = "diverged_because"
 # summary.json's sha256 of its metrics.csv (train.write_run); runs recorded before it have none
 METRICS_SHA256 = "metrics_sha256"
 # how close a summary.json number must be to the one recomputed from metrics.csv: the file prints every float
@@ -69,18 +72,25 @@ def _read_summary(path: Path, data: dict) -> dict:
         if not isinstance(stopped, int) or isinstance(stopped, bool) or stopped < 1:
             raise RunDataError(f"run summary {path}: {STOPPED} {stopped!r} is not a round")
         row[STOPPED] = stopped
+    divergence = data.get("divergence")
+    if divergence is not None:
+        if not isinstance(divergence, dict) or not isinstance(divergence.get("why"), str):
+            raise RunDataError(f"run summary {path}: divergence is not an object with its text ('why')")
+        row[DIVERGED_BECAUSE] = divergence["why"]
     machine = data.get("machine")
     if machine is not None:
         if not isinstance(machine, dict):
             raise RunDataError(f"run summary {path}: machine is not a JSON object")
         row |= {k: str(machine.get(k) or "") for k in MACHINE}
+        if isa := machine.get("onednn_max_cpu_isa"):  # a kernel set chosen on purpose (README, "Other CPUs")
+            row["cpu_capability"] += f", oneDNN max ISA {isa}"
     return row
 
 
 def _retrain(path: Path) -> str:
-    # the train job's index: deleting it makes Snakemake rerun the job, which trains every seed whose run
-    # folder no longer matches its finished marker
-    return f"rerun its train job (delete {path.parent.parent / 'seeds.json'}, then rerun snakemake)"
+    # the train job's index: forcing it reruns the job, which trains again every seed whose run folder no longer
+    # matches its finished marker (and only those), then everything after it
+    return f"rerun its train job: {rerun_command(path.parent.parent / 'seeds.json')}"
 
 
 def _read_metrics(path: Path, summary: dict) -> pd.DataFrame:
@@ -188,7 +198,8 @@ def collect_runs(run_dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
     runs: one row per run and evaluation round (run keys + every metrics.csv column);
     summary: one row per run (``SUMMARY_COLUMNS``, plus ``per_class_acc`` as a JSON list string when
     any run's summary.json has one, and the ``MACHINE`` columns when any has a machine block, "" for the
-    runs without; ``stopped_round`` when any run ended by early stopping, empty for the others). Raises
+    runs without; ``diverged_because`` when any run diverged with its reason recorded, "" for the others;
+    ``stopped_round`` when any run ended by early stopping, empty for the others). Raises
     FileNotFoundError / RunDataError naming the offending file.
     """
     frames: list[pd.DataFrame] = []
@@ -211,7 +222,8 @@ def collect_runs(run_dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
     has_per_class = any(PER_CLASS in row for row in rows)
     has_machine = any(MACHINE[0] in row for row in rows)
     has_stopped = any(STOPPED in row for row in rows)
-    optional = [PER_CLASS] * has_per_class + MACHINE * has_machine
+    has_because = any(DIVERGED_BECAUSE in row for row in rows)
+    optional = [PER_CLASS] * has_per_class + MACHINE * has_machine + [DIVERGED_BECAUSE] * has_because
     summary_df = pd.DataFrame(rows, columns=SUMMARY_COLUMNS + optional + [STOPPED] * has_stopped)
     summary_df[optional] = summary_df[optional].fillna("").astype(str)
     summary_df = summary_df.astype({"seed": "int64", "diverged_round": "Int64", "last_k": "Int64",
@@ -272,7 +284,7 @@ def collect_finetune(files: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def _refinetune(path: Path) -> str:
-    return f"delete {path.parent / 'seeds.json'} (its fine-tuning job's index) and rerun snakemake to fine-tune again"
+    return f"fine-tune again: {rerun_command(path.parent / 'seeds.json')}"
 
 
 def _check_finetune_curve(path: Path, data: dict) -> None:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from fedrepro.report.collect import KEYS, STOPPED
+from fedrepro.report.collect import DIVERGED_BECAUSE, KEYS, STOPPED
 from fedrepro.report.derived import metric_key
 from fedrepro.report.figure_kinds import figure_metrics
 
@@ -85,6 +85,8 @@ class RunPlateau:
     status: str = "complete"
     checks: list[PlateauCheck] = field(default_factory=list)  # the rules of its tables; none: the quarter means
     stopped_round: int | None = None  # the round early stopping ended it at
+    diverged_round: int | None = None
+    diverged_because: str = ""  # its round's loss and first non-finite quantity, where the run recorded them
 
     def __post_init__(self) -> None:
         if not self.checks:
@@ -98,6 +100,10 @@ class RunPlateau:
     def at_plateau(self) -> bool:
         # a diverged run has no plateau whatever its curve did before it stopped
         return self.status == "complete" and all(c.passes for c in self.checks)
+
+    @property
+    def diverged(self) -> bool:
+        return self.status == "diverged"
 
 
 @dataclass
@@ -193,6 +199,11 @@ def run_plateaus(runs: pd.DataFrame, summary: pd.DataFrame,
     keys = [(str(r.setting), str(r.method), int(r.seed)) for r in summary.itertuples(index=False)]
     status = dict(zip(keys, summary["status"], strict=True))
     stopped = {k: int(v) for k, v in zip(keys, summary.get(STOPPED, [None] * len(keys)), strict=True) if pd.notna(v)}
+    absent = [None] * len(keys)  # a frame without the column (summaries written before it, or by hand)
+    diverged = {k: (int(r) if pd.notna(r) else None, str(why) if pd.notna(why) else "")
+                for k, s, r, why in zip(keys, summary["status"], summary.get("diverged_round", absent),
+                                        summary.get(DIVERGED_BECAUSE, absent), strict=True)
+                if s == "diverged"}
     plateaus, short, unjudged = [], [], []
     for (setting, method, seed), curve in runs.groupby(["setting", "method", "seed"], sort=True):
         acc = curve.sort_values("round")["test_acc"].to_numpy(dtype=float)
@@ -206,14 +217,17 @@ def run_plateaus(runs: pd.DataFrame, summary: pd.DataFrame,
             # a run that diverged before its fourth evaluation is a miss like any diverged run, never left out
             last = float(acc[-1]) if len(acc) else float("nan")
             plateaus.append(RunPlateau(*key, evaluations=len(acc), quarter_before=last, last_quarter=last,
-                                       status=run_status))
+                                       status=run_status, diverged_round=diverged.get(key, (None, ""))[0],
+                                       diverged_because=diverged.get(key, (None, ""))[1]))
             continue
         if means is None:
             short.append(key)
             continue
         checks = [plateau_check(acc, rule) for rule in (rules[key[:2]] if rules is not None else [QUARTER_MEAN])]
         plateaus.append(RunPlateau(*key, evaluations=len(acc), quarter_before=means[0], last_quarter=means[1],
-                                   status=run_status, checks=checks, stopped_round=stopped.get(key)))
+                                   status=run_status, checks=checks, stopped_round=stopped.get(key),
+                                   diverged_round=diverged.get(key, (None, ""))[0],
+                                   diverged_because=diverged.get(key, (None, ""))[1]))
     return plateaus, short, unjudged
 
 
@@ -278,8 +292,8 @@ def study_convergence(study: str, runs: pd.DataFrame, summary: pd.DataFrame,
 
 
 def _missed(run: RunPlateau) -> str:
-    """The checks a run misses, or, for a diverged run whose curve meets them, all its checks."""
-    return "; ".join(c.text() for c in ([c for c in run.checks if not c.passes] or run.checks))
+    """The checks a (complete) run misses."""
+    return "; ".join(c.text() for c in run.checks if not c.passes)
 
 
 def _status(run: RunPlateau) -> str:
@@ -326,13 +340,24 @@ def convergence_blocks(conv: StudyConvergence) -> tuple[list[str], list[tuple[st
                           "these the rule says the best stopped rising for that long, not that the curve settled.")
     if conv.too_short:
         statements.append(f"Too few evaluations to judge (fewer than 4): {len(conv.too_short)} runs.")
+    diverged = [r for r in conv.runs if r.diverged]
+    if diverged:  # with the plateau count they are part of, apart from the runs still moving
+        statements[0] += (f" Diverged: **{_share(len(diverged), n_runs)}**, counted among the runs not at their "
+                          "plateau (a diverged run has none) and listed apart below, with why.")
     tables = []
-    missed = [r for r in conv.runs if not r.at_plateau]
+    missed = [r for r in conv.runs if not r.at_plateau and not r.diverged]
     if missed:
         tables.append(("Runs that miss the plateau rule",
                        ["setting", "method", "seed", "evaluations", "plateau check (last vs before)", "status"],
                        [[r.setting, r.method, str(r.seed), str(r.evaluations), _missed(r), _status(r)]
                         for r in missed]))
+    if diverged:
+        tables.append(("Runs that diverged",
+                       ["setting", "method", "seed", "round", "why (the round's training loss, the first quantity "
+                        "that went non-finite)"],
+                       [[r.setting, r.method, str(r.seed), "" if r.diverged_round is None else str(r.diverged_round),
+                         r.diverged_because or "not recorded (a run written before diagnoses were kept)"]
+                        for r in diverged]))
     spread = [c for c in conv.cells if c.sd > SEED_SD_POINTS]
     if spread:
         tables.append((f"Cells whose seed sd exceeds {SEED_SD_POINTS:g} points",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedrepro.io import atomic_write, checksum_path, recorded_checksums
+from fedrepro.io import atomic_write, checksum_path, recorded_checksums, rerun_command
 
 
 class AggregateError(ValueError):
@@ -20,7 +20,7 @@ class AggregateError(ValueError):
 
 
 def _rebuild(path: Path) -> str:
-    return f"delete {path} and rerun snakemake to aggregate the runs again"
+    return f"aggregate the runs again: {rerun_command(path)}"
 
 
 def write_checked_csv(df: pd.DataFrame, path: str | Path) -> None:

@@ -8,6 +8,7 @@ of an older partition of its seed is set aside (``STALE_DIR``), one of another c
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from fedrepro.io import (
     read_json,
     verify_checksum,
 )
-from fedrepro.sim.runs import STOP, Preempted
+from fedrepro.sim.runs import STOP, Divergence, Preempted
 
 FORMAT = 2  # 2: evaluation rows carry client accuracy mean and variance
 RESTART = "delete it to start this run from scratch"
@@ -135,21 +136,24 @@ def restore_buffers(model: torch.nn.Module, saved: dict[str, torch.Tensor] | Non
         own[name].copy_(value)
 
 
-def close_round(rnd: int, rounds: int, diverged: bool, why: str, result: Any, checkpoint: Path | None,
+def close_round(rnd: int, rounds: int, divergence: Divergence | None, result: Any, checkpoint: Path | None,
                 fingerprint: str, every: int, payload: Callable[[], dict[str, Any]],
                 log: Callable[[str], None], finished: bool = False) -> bool:
-    """The end of every engine's round: mark a divergence, checkpoint when due (every ``every`` rounds, at the
-    end, on divergence, when the engine says the run is ``finished`` early and on a stop signal; ``payload()``
-    builds what to save, only then), and stop: True to leave the loop after a divergence or an early finish; a
-    stop signal (SIGTERM, preemption) raises Preempted once it is saved."""
-
+    """The end of every engine's round: mark a divergence (``divergence``: why the round diverged, None when it did
+    not) in the result and the log, checkpoint when due (every ``every`` rounds, at the end, on divergence, when
+    the engine says the run is ``finished`` early and on a stop signal; ``payload()`` builds what to save, only
+    then), and stop: True to leave the loop after a divergence or an early finish; a stop signal (SIGTERM,
+    preemption) raises Preempted once it is saved."""
+    diverged = divergence is not None
     if diverged:
         result.status, result.diverged_round = "diverged", rnd
-        log(f"diverged at round {rnd}: {why}")
+        result.divergence = {**dataclasses.asdict(divergence), "why": divergence.text()}
+        log(f"diverged at round {rnd}: {divergence.text()}")
     done = diverged or finished or rnd == rounds
     stop = STOP.is_set() and not done
     if checkpoint and (done or stop or rnd % every == 0):
-        save_checkpoint(checkpoint, fingerprint, payload())
+        # the engines' payloads hold the status and round; the diagnosis rides along for a resumed diverged run
+        save_checkpoint(checkpoint, fingerprint, {**payload(), "divergence": result.divergence})
     if stop:
         raise Preempted(f"stopped by a signal after round {rnd}" +
                         (f"; checkpoint {checkpoint}" if checkpoint else " (no checkpoint)"))
@@ -161,6 +165,7 @@ def resume_progress(resumed: dict[str, Any], result: Any) -> tuple[int, int, int
     so far: what every engine's resume shares (each restores its own state beside it)."""
     result.history = resumed["history"]
     result.status, result.diverged_round = resumed["status"], resumed["diverged_round"]
+    result.divergence = resumed.get("divergence")  # None in a checkpoint written before diagnoses were kept
     result.earlier_seconds = float(resumed["seconds"])
     return resumed["round"] + 1, resumed["bytes_up"], resumed["bytes_down"], resumed["seconds"]
 

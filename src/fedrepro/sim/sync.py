@@ -20,7 +20,7 @@ from fedrepro.sim.batches import epoch_batches
 from fedrepro.sim.checkpoint import close_round, load_checkpoint, module_buffers, restore_buffers, resume_progress
 from fedrepro.sim.engine_choice import SIDE_BY_SIDE, EngineChoice, initial_choice, measure
 from fedrepro.sim.flat import FlatModel
-from fedrepro.sim.runs import RunResult, all_finite, diverged_loss, to_device
+from fedrepro.sim.runs import RoundTrace, RunResult, all_finite, diverged_loss, to_device
 from fedrepro.sim.tensors import DeviceData, evaluate
 from fedrepro.sim.vector_optim import VectorOptimizer
 from fedrepro.sim.vectorized import train_side_by_side
@@ -161,7 +161,7 @@ class FederatedRun:
         more client" (HFCL)."""
         flat, alg = self.flat, self.alg
         optimizer = self.cfg.local_optimizer(client.round)
-        loss_sum = torch.zeros((), device=flat.w.device)
+        loss_sum = torch.zeros((), device=flat.w.device, dtype=flat.w.dtype)
         seen = 0
         for batch in batches:
             flat.zero_grad()
@@ -245,15 +245,21 @@ class FederatedRun:
                 result.engine = self.engine.summary()
                 self.log(f"engine: {self.engine.mode}, {self.engine.clients_at_once} client(s) at once "
                          f"({self.engine.reason})")
-            loss_sum = torch.zeros((), device=w.device)
+            loss_sum = torch.zeros((), device=w.device, dtype=w.dtype)
             seen = 0
+            trace = RoundTrace()
             for cids, ps in self.client_groups(sampled.tolist(), list(weights)):
-                bytes_down += sum(model_bytes + payload_bytes(self.alg.download(cid)) for cid in cids)
+                for cid in cids:
+                    download = self.alg.download(cid)
+                    trace.note(f"client {cid}'s download", download)
+                    bytes_down += model_bytes + payload_bytes(download)
                 if self.vectorized:
                     trained = train_side_by_side(self, cids, rnd, w)
                 else:
                     trained = [self.train_client(cids[0], rnd, w)]
                 for cid, p, (upload, client_loss, client_seen) in zip(cids, ps, trained, strict=True):
+                    trace.note(f"client {cid}'s training loss", client_loss)
+                    trace.note(f"client {cid}'s upload", upload)
                     bytes_up += payload_bytes(upload)
                     self.alg.server_receive(cid, upload, p)
                     loss_sum += client_loss
@@ -263,6 +269,11 @@ class FederatedRun:
             train_loss = loss_sum.item() / max(seen, 1)
             seconds += time.perf_counter() - t0
             diverged = diverged_loss(train_loss) or not all_finite(w)
+            divergence = None
+            if diverged:
+                trace.note("the global model", w)
+                trace.note("the method's state", self.alg.state)
+                divergence = trace.diagnose(rnd, train_loss)
             if diverged or rnd % cfg.eval_every == 0 or rnd == cfg.rounds:
                 self.flat.load(self.alg.evaluated_model(w))
                 acc, test_loss, result.per_class_acc = evaluate(
@@ -280,7 +291,7 @@ class FederatedRun:
             if not diverged and rnd < cfg.rounds and stalled(result.history, cfg.early_stop):
                 result.stopped_round = rnd
                 self.log(f"early stop after round {rnd}: no better test accuracy in {cfg.early_stop} rounds")
-            if close_round(rnd, cfg.rounds, diverged, f"train loss {train_loss}", result, checkpoint, fingerprint,
+            if close_round(rnd, cfg.rounds, divergence, result, checkpoint, fingerprint,
                            cfg.checkpoint_every, partial(self.snapshot, rnd, w, result, bytes_up, bytes_down, seconds),
                            self.log, finished=result.stopped_round is not None):
                 break

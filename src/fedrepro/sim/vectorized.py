@@ -62,7 +62,7 @@ def local_steps_side_by_side(run: FederatedRun, clients: list[Client], schedules
     step_fn = vmap(grad_and_value(lane_loss))
     w = w_global.expand(m, -1).clone()
     optimizer = cfg.local_optimizer(clients[0].round)  # one for all lanes: they start and step together
-    loss_sums = torch.zeros(m, device=dev)
+    loss_sums = torch.zeros(m, device=dev, dtype=w.dtype)  # the model's dtype: float64 in the exact tests
     seen = [0] * m
     x_all, y_all = run.data.x_train, run.data.y_train
     for t in range(int(lengths.max())):
