@@ -15,7 +15,8 @@ $(error KERNELS=$(KERNELS): one of native, avx2, sse41)
 endif
 WITH_KERNELS := env $(KERNELS_$(KERNELS))
 
-.PHONY: run test browser fashion-mnist laptop-full laptop-feddle-600 snapshot-laptop-full lint bench cost preflight clean-results \
+.PHONY: run test browser fashion-mnist laptop-full laptop-feddle-600 snapshot-laptop-full lint bench kernel-check cost \
+	preflight clean-results \
 	clean-paper-results
 
 # --no-compile: pip would byte-compile all ~12,000 modules (~40 s of one core, mostly torch's); Python compiles
@@ -82,6 +83,11 @@ bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/moon_features.py
 	$(BIN)/python benchmarks/inference_batch.py
 	$(BIN)/python benchmarks/kernel_sets.py
+
+# the default with seeds 0-4 under each KERNELS set, into results/kernels/<set>/, then every run's status and plateau
+# and Disco's paired gain per set (~3 h on 2 cores: docs/measurements/kernel-sets.md)
+kernel-check: $(VENV)/.installed fashion-mnist
+	$(BIN)/python benchmarks/default_on_kernel_sets.py --cores $(CORES)
 
 cost: $(VENV)/.installed
 	$(BIN)/python -m fedrepro.cost --configfile config/paper.yaml

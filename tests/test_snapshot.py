@@ -25,7 +25,7 @@ from fedrepro.report.snapshot import (
 
 @pytest.fixture
 def config():
-    """The embedded default, resolved: FedDisco's 4 train jobs, 2 tables and 2 figures."""
+    """The embedded default, resolved: FedDisco's 2 train jobs, 2 tables and 2 figures."""
     return resolve_config(merge_configfiles(REPO / "config/config.yaml"))
 
 
@@ -69,8 +69,8 @@ def test_a_complete_run_is_copied_with_where_it_came_from(tmp_path, config):
     assert not (out / "old-study").exists()
     readme = (out / "README.md").read_text()
     assert "`abc123`" in readme and "1 h 30 min" in readme and "`config/x.yaml`" in readme
-    assert "Some CPU (AVX2): 12 runs" in readme  # 4 jobs x 3 seeds
-    assert "| feddisco | 4 | 1.00 |" in readme and "| all | | 1.00 |" in readme  # 4 x 900 s
+    assert "Some CPU (AVX2): 6 runs" in readme  # 2 jobs x 3 seeds
+    assert "| feddisco | 2 | 0.50 |" in readme and "| all | | 0.50 |" in readme  # 2 x 900 s
     assert "(feddisco/tables/table1.md)" in readme and "(feddisco/figures/curves.png)" in readme
     assert stale_runs(config, json.loads((out / "runs.json").read_text())) == []
 
@@ -78,23 +78,23 @@ def test_a_complete_run_is_copied_with_where_it_came_from(tmp_path, config):
 def test_a_run_missing_a_figure_or_of_another_spec_is_refused_by_name_and_nothing_is_copied(tmp_path, config):
     fake_run(tmp_path / "results", config)
     (tmp_path / "results/feddisco/figures/curves.png").unlink()
-    config["studies"]["feddisco"]["methods"]["scaffold"]["hparams"]["x"] = 1  # the config moved on after the run
+    config["studies"]["feddisco"]["methods"]["fedavg"]["hparams"]["x"] = 1  # the config moved on after the run
     with pytest.raises(SystemExit) as err:
         snapshot(config, tmp_path / "results", tmp_path / "snap", ["c.yaml"], "1 h", commit="abc")
     assert "feddisco/figures/curves.png: missing" in str(err.value)
-    assert "checkpoints/niid1/scaffold/" in str(err.value)
+    assert "checkpoints/niid2/fedavg/" in str(err.value)
     assert "no finished seed of the config's run spec" in str(err.value)
-    assert "scaffold-disco" not in str(err.value)
+    assert "fedavg-disco" not in str(err.value)
     assert not (tmp_path / "snap").exists()
 
 
 def test_a_changed_run_spec_or_seed_list_makes_the_snapshot_stale_by_name(config):
     recorded = run_digests(config)
     config["studies"]["feddisco"]["settings"]["niid2"]["partition"]["samples"] = 100
-    assert stale_runs(config, recorded) == ["feddisco/niid2/scaffold: its spec changed since the snapshot",
-                                            "feddisco/niid2/scaffold-disco: its spec changed since the snapshot"]
+    assert stale_runs(config, recorded) == ["feddisco/niid2/fedavg: its spec changed since the snapshot",
+                                            "feddisco/niid2/fedavg-disco: its spec changed since the snapshot"]
     config["studies"]["feddisco"]["seeds"] = [0, 1]
-    assert len(stale_runs(config, recorded)) == 4
+    assert len(stale_runs(config, recorded)) == 2
     assert stale_runs(config, {}) == [f"{job}: not in the snapshot" for job in recorded]
 
 
