@@ -23,12 +23,14 @@ wildcard_constraints:
     dataset=r"[A-Za-z0-9_\-]+",
     table=NAME_PATTERNS["tables"],
     figure=NAME_PATTERNS["figures"],
+    stage=r"[A-Za-z0-9_]+",
     seed=r"\d+",
 
 
 include: "workflow/rules/data.smk"
 include: "workflow/rules/partition.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/tune.smk"
 include: "workflow/rules/finetune.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/report.smk"

@@ -162,7 +162,7 @@ def resolve_config(config: dict, source: str = "config", root: Path = REPO) -> d
         config["studies"] = {name: entry for name, entry in config["studies"].items() if name in only}
         if config["showcase"] and config["showcase"]["study"] not in only:
             config["showcase"] = None  # the README's showcase is the default's, not a study run on its own
-    studies = {}
+    studies, tuning = {}, {}
     for name, entry in config["studies"].items():
         if problem := name_problem("studies", name):
             raise ConfigError(f"{source}: studies: {problem}")
@@ -172,14 +172,14 @@ def resolve_config(config: dict, source: str = "config", root: Path = REPO) -> d
         else:
             study, where, prefix = copy.deepcopy(entry), source, f"studies.{name}"
         validate(study, "study", where, prefix)
-        sweeps = expand_sweeps(study)
-        validate(study, "study", where, prefix)  # the swept values too
-        study["sweeps"] = sweeps
-        check_study(name, study, where, prefix)
-        _resolve_compare_levels(study, config["scale"])
-        study["name"] = name
-        studies[name] = study
+        # before the study's own sweeps expand: the stages' grids are of its methods
+        stages, tuned_by = tuning_stage_studies(name, study)
+        studies[name] = _resolved_study(name, study, where, prefix, config["scale"], tuned_by)
+        for stage_name, (stage_study, earlier) in stages.items():
+            tuning[stage_name] = _resolved_study(stage_name, stage_study, where, f"{prefix} tuning stage {stage_name}",
+                                                 config["scale"], earlier)
     config["studies"] = studies
+    config["tuning_studies"] = tuning
     showcase = config["showcase"]
     if showcase:
         if showcase["study"] not in studies:
@@ -191,6 +191,94 @@ def resolve_config(config: dict, source: str = "config", root: Path = REPO) -> d
                               f"{showcase['figure']!r}{did_you_mean(showcase['figure'], figures)}; "
                               f"known: {sorted(figures)}")
     return config
+
+
+def _resolved_study(name: str, study: dict, where: str, prefix: str, scale: str, tuned_by: list[dict]) -> dict:
+    """A validated study with its sweeps expanded, checked (check_study), its scale's table defaults set and the
+    tuning stages whose choices its runs train with (``tuned_by``, tuning_stage_studies)."""
+    sweeps = expand_sweeps(study)
+    validate(study, "study", where, prefix)  # the swept values too
+    study["sweeps"] = sweeps
+    check_study(name, study, where, prefix)
+    _resolve_compare_levels(study, scale)
+    study["name"], study["tuned_by"] = name, tuned_by
+    return study
+
+
+TUNING_SEPARATOR = "--tune-"  # <study>--tune-<stage>: a tuning stage's runs, a study of their own
+
+
+def tuning_stage_studies(name: str, study: dict) -> tuple[dict[str, tuple[dict, list[dict]]], list[dict]]:
+    """The runs of each stage of ``study``'s `tuning`, as a study of their own named <study>--tune-<stage>: the
+    stage's grids as its methods' sweeps, on the tuning settings and seeds, without tables or figures, each with
+    the earlier stages whose choices its runs train with; and every stage, whose choices the study's own runs
+    train with. Checks what the schema cannot (ConfigError naming the key): the stages' methods and settings
+    exist, the tuning seeds are not reported ones, an `all` stage tunes one method's training keys, and no run
+    sets or sweeps a key that an earlier stage chooses for it."""
+    tuning = study.get("tuning")
+    if not tuning:
+        return {}, []
+    for key, problem in _tuning_problems(study):
+        raise ConfigError(f"{name}: tuning.{key}: {problem}")
+    out, earlier = {}, []
+    for stage in tuning["stages"]:
+        stage_study = copy.deepcopy({k: v for k, v in study.items() if k not in ("tables", "figures", "tuning")})
+        stage_study.update(
+            seeds=list(tuning["seeds"]), tables={}, figures={}, tuning=None,
+            settings={s: study["settings"][s] for s in tuning["settings"]},
+            methods={m: {**copy.deepcopy(study["methods"][m]), "sweep": grid} for m, grid in stage["grids"].items()},
+            grid=[{"settings": list(tuning["settings"]), "methods": list(stage["grids"])}])
+        out[f"{name}{TUNING_SEPARATOR}{stage['name']}"] = (stage_study, copy.deepcopy(earlier))
+        earlier.append({"study": name, "stage": stage["name"], "applies_to": stage["applies_to"],
+                        "methods": list(stage["grids"]), "metric": tuning["metric"]})
+    return out, earlier
+
+
+def _tuning_problems(study: dict) -> Problems:
+    """(key under `tuning`, problem) of a study's tuning stages, in order."""
+    tuning = study["tuning"]
+    for s in tuning["settings"]:
+        yield from _unknown("settings", s, study["settings"], "setting")
+    if reported := sorted(set(tuning["seeds"]) & set(study["seeds"])):
+        yield "seeds", f"{reported} are reported seeds of the study: tune on others, so no table shows a tuned run"
+    names = [stage["name"] for stage in tuning["stages"]]
+    if len(set(names)) < len(names):
+        yield "stages", f"stage names repeat: {names}"
+    chosen: dict[str, set[str]] = {}  # method ('*': every method) -> keys an earlier stage chooses for it
+    for i, stage in enumerate(tuning["stages"]):
+        where = f"stages.{i}.grids"
+        for m, grid in stage["grids"].items():
+            yield from _unknown(f"{where}.{m}", m, study["methods"], "method")
+            if "sweep" in study["methods"].get(m, {}):
+                yield f"{where}.{m}", "a method with a `sweep` of its own cannot be tuned: tune its base values"
+            taken = sorted((chosen.get("*", set()) | chosen.get(m, set())) & set(grid))
+            if taken:
+                yield f"{where}.{m}", f"{taken} were chosen by an earlier stage for this method"
+        if stage["applies_to"] == "all":
+            keys = {k for grid in stage["grids"].values() for k in grid}
+            if len(stage["grids"]) != 1 or any(not k.startswith("training.") for k in keys):
+                yield (where, "a stage that applies to all methods tunes one method's training keys (the clients' "
+                       f"policy), got {sorted(stage['grids'])} with {sorted(keys)}")
+            chosen.setdefault("*", set()).update(keys)
+        else:
+            for m, grid in stage["grids"].items():
+                chosen.setdefault(m, set()).update(grid)
+    for m, method in study["methods"].items():  # a run's own value would silently lose to the tuned one
+        own = {f"{section}.{k}" for section in ("hparams", "weighting", "training") for k in method.get(section, {})}
+        if clash := sorted(own & (chosen.get("*", set()) | chosen.get(m, set()))):
+            yield f"stages: methods.{m}", f"{clash} are set by the method and chosen by a tuning stage; drop one"
+    for s, setting in study["settings"].items():
+        if clash := sorted({f"training.{k}" for k in setting.get("training", {})} & chosen.get("*", set())):
+            yield f"stages: settings.{s}", f"{clash} are set by the setting and chosen by a tuning stage; drop one"
+
+
+def tuned_entries(study: dict, method: str) -> list[dict[str, str]]:
+    """The tuning stages whose choice a run of ``method`` (a study method or a swept variant of one) trains with:
+    (study, stage, and the method whose choice it takes, '*' for a stage that applies to all)."""
+    base = next((b for b, variants in study.get("sweeps", {}).items() if any(v["method"] == method for v in variants)),
+                method)
+    return [{"study": t["study"], "stage": t["stage"], "method": "*" if t["applies_to"] == "all" else base}
+            for t in study.get("tuned_by", []) if t["applies_to"] == "all" or base in t["methods"]]
 
 
 def _resolve_compare_levels(study: dict, scale: str) -> None:
@@ -712,6 +800,8 @@ def run_spec(study: dict, setting: str, method: str) -> dict[str, Any]:
         "training": run_training(study, setting, method),
         # only async studies carry the key, so the specs (and checkpoint digests) of the others are unchanged
         **({"async": run_async(study, setting)} if study["federation"] == "async" else {}),
+        # the tuning stages whose choice the job reads and applies before it trains (fedrepro.tuning)
+        **({"tuned": tuned} if (tuned := tuned_entries(study, method)) else {}),
     }
 
 

@@ -197,7 +197,7 @@ def estimate(config: dict, gpu_tflops: float, step_floor_ms: float, cpu_spf: flo
             flops_cache[key] = step_flops(*key)
         return flops_cache[key]
 
-    for name, study in config["studies"].items():
+    for name, study in {**config["studies"], **config.get("tuning_studies", {})}.items():  # tuning runs cost too
         jobs = grid_runs(study)
         seeds = len(study["seeds"])
         steps = gpu_s = cpu_s = server_steps = server_gpu_s = server_cpu_s = 0.0

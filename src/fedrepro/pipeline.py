@@ -101,17 +101,24 @@ def partition(data: Path, spec: dict, seeds: list[int], outs: list[Path], log: C
 def train(spec: dict, data: Path, partitions: list[Path], seeds: list[int], index: Path,
           checkpoint_dir: Path, device: str, threads: int, log: Callable[[str], None],
           engine: dict | None = None, started: float | None = None, keep_checkpoints: bool = False,
-          keep_model: bool = False) -> None:
+          keep_model: bool = False, tuned: dict[tuple[str, str], Path] | None = None) -> None:
     """Every seed of one method x setting; ``index`` (seeds.json) is written last and lists the folders and,
     given ``started`` (time.perf_counter() at the job's start), the job's wall seconds: this process's, plus the
     training seconds earlier attempts spent on its seeds (after a preemption or a stop). A finished seed keeps
     its run folder and a marker, its last checkpoint only with ``keep_checkpoints``, its final model with
-    ``keep_model`` (train.run_seeds)."""
+    ``keep_model`` (train.run_seeds). A spec with tuned stages trains with their choices (``tuned``: (study,
+    stage) -> choice file; fedrepro.tuning), its checkpoints in a folder of those choices."""
     import time
 
     from fedrepro.federations import job_of
     from fedrepro.io import atomic_write_json
+    from fedrepro.tuning import apply_choices, tuned_digest
 
+    spec = apply_choices(spec, tuned or {})
+    if digest := tuned_digest(spec):
+        chosen = "; ".join(f"{t['stage']}: {t['values']}" for t in spec["tuned"])
+        log(f"tuned: {chosen}")
+        checkpoint_dir = Path(checkpoint_dir) / f"tuned-{digest}"
     train_job = job_of(spec.get("federation", "sync"))  # FedL2G's per-client models, Feddle's delays, ...
     index = Path(index)
     out_dirs = {s: index.parent / f"seed{s}" for s in seeds}
@@ -125,6 +132,19 @@ def train(spec: dict, data: Path, partitions: list[Path], seeds: list[int], inde
         {"seed": s, "dir": out_dirs[s].name, "status": r.status} for s, r in results.items()
     ], **({"job_seconds": round(time.perf_counter() - started + sum(r.earlier_seconds for r in results.values()), 2)}
           if started is not None else {})})
+
+
+def choose_tuning(stage: dict, runs: Path, summary: Path, out_json: Path, out_csv: Path, out_md: Path,
+                  log: Callable[[str], None]) -> None:
+    """Score a tuning stage's grid points from its aggregated runs (checked against their sha256) and write the
+    choice, the scores and their table (fedrepro.tuning)."""
+    from fedrepro.report.integrity import read_checked_csv
+    from fedrepro.tuning import write_choice
+
+    choice = write_choice(stage, read_checked_csv(runs), read_checked_csv(summary), Path(out_json), Path(out_csv),
+                          Path(out_md))
+    for method, picked in choice["chosen"].items():
+        log(f"tuning stage {stage['stage']}: {method} takes {picked['values']} (score {picked['score']:.2f})")
 
 
 def finetune(spec: dict, runs_index: Path, source: Path, target: Path, checkpoint_dir: Path, index: Path,

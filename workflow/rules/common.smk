@@ -11,6 +11,7 @@ sys.path.insert(0, SRC)
 
 from fedrepro.config import (  # noqa: E402
     NAME_PATTERNS,
+    TUNING_SEPARATOR,
     ConfigError,
     did_you_mean,
     finetune_spec,
@@ -27,6 +28,7 @@ from fedrepro.data.weights import weights_of  # noqa: E402
 from fedrepro.report import figure_kinds, table_sources  # noqa: E402
 from fedrepro.report.captions import figure_caption, table_caption  # noqa: E402
 from fedrepro.report.table_sources import table_source  # noqa: E402
+from fedrepro.tuning import choice_path  # noqa: E402
 
 try:
     CFG = resolve_config(config, source="config", root=Path(workflow.basedir))
@@ -37,6 +39,9 @@ DATA = CFG["data_dir"]
 WEIGHTS = CFG["weights_dir"]
 RES = CFG["results_dir"]
 STUDIES = CFG["studies"]
+# the studies whose runs train: the config's, and each tuning stage's grid as a study of its own (<study>--tune-<stage>,
+# fedrepro.config.tuning_stage_studies); only the config's have tables, figures and a scorecard section
+RUN_STUDIES = {**STUDIES, **CFG["tuning_studies"]}
 
 
 def named(what, name, entries, where=""):
@@ -48,7 +53,7 @@ def named(what, name, entries, where=""):
 
 
 def study_of(wildcards):
-    return named("study", wildcards.study, STUDIES)
+    return named("study", wildcards.study, RUN_STUDIES)
 
 
 def seeds_of(wildcards):
@@ -87,6 +92,7 @@ def artifacts():
     for study, spec in STUDIES.items():
         out += expand(f"{RES}/{study}/tables/{{t}}.{{ext}}", t=spec["tables"], ext=["md", "tex", "html", "csv"])
         out += expand(f"{RES}/{study}/figures/{{f}}.{{ext}}", f=spec["figures"], ext=["png", "pdf"])
+        out += [str(choice_path(RES, study, t["stage"], ".md")) for t in spec["tuned_by"]]
     if any(spec["tables"] for spec in STUDIES.values()):
         out += [f"{RES}/scorecard.md", f"{RES}/scorecard.html"]
     if CFG["showcase"]:
@@ -187,6 +193,27 @@ def weights_files(wildcards):
     """The pretrained weights file of the setting's model (Feddle's ResNet18 / ViT), if it loads one."""
     name = weights_of(setting_of(wildcards)["model"])
     return [f"{WEIGHTS}/{name}.pth"] if name else []
+
+
+def tuned_choices(wildcards):
+    """The choice files of the tuning stages a train job's runs train with (fedrepro.tuning): "study/stage" -> path."""
+    return {f"{t['study']}/{t['stage']}": str(choice_path(RES, t["study"], t["stage"]))
+            for t in run_spec(*run_of(wildcards)).get("tuned", [])}
+
+
+def tuning_stage(wildcards):
+    """What choose_tuning reads of <study>/<stage>: its runs' study, metric, settings, seeds and each grid
+    point (variant -> its method and values)."""
+    study = named("study", wildcards.study, STUDIES)
+    stage_study = named("tuning stage", f"{wildcards.study}{TUNING_SEPARATOR}{wildcards.stage}", CFG["tuning_studies"])
+    applies_to = next(t["applies_to"] for t in study["tuned_by"] if t["stage"] == wildcards.stage)
+    return {
+        "study": wildcards.study, "stage": wildcards.stage, "applies_to": applies_to,
+        "metric": study["tuning"]["metric"], "settings": list(study["tuning"]["settings"]),
+        "seeds": list(study["tuning"]["seeds"]),
+        "variants": {v["method"]: {"method": base, "values": v["values"]}
+                     for base, variants in stage_study["sweeps"].items() for v in variants},
+    }
 
 
 def train_spec(wildcards):

@@ -22,6 +22,8 @@ rule train:
         ],
         server_data=server_data_files,
         weights=weights_files,
+        # the choices of the tuning stages its runs train with: a changed choice trains them again
+        tuned=lambda w: list(tuned_choices(w).values()),
     output:
         f"{RES}/{{study}}/runs/{{setting}}/{{method}}/seeds.json",
     params:
@@ -32,6 +34,7 @@ rule train:
         engine=CFG["engine"],
         keep_checkpoints=CFG["keep_checkpoints"],
         keep_model=lambda w: "target" in setting_of(w),
+        tuned=tuned_choices,
     threads: CFG["train_resources"]["threads"]
     resources:
         gpu=CFG["train_resources"]["gpu"],

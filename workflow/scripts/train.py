@@ -16,4 +16,5 @@ pipeline.main_from_snakemake(
     seeds=list(sm.params.seeds), index=sm.output[0], checkpoint_dir=sm.params.checkpoint_dir,
     device=sm.params.device, engine=sm.params.engine, threads=sm.threads, started=STARTED,
     keep_checkpoints=sm.params.keep_checkpoints, keep_model=sm.params.keep_model,
+    tuned={tuple(key.split("/", 1)): path for key, path in sm.params.tuned.items()},
 )

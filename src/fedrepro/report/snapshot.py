@@ -45,6 +45,7 @@ def snapshot_files(config: dict) -> list[Path]:
     for study, spec in config["studies"].items():
         files += [Path(study, "tables", f"{t}.md") for t in spec["tables"]]
         files += [Path(study, "figures", f"{f}.png") for f in spec["figures"]]
+        files += [Path(study, "tuning", f"{t['stage']}.md") for t in spec.get("tuned_by", [])]  # every point's score
     return files
 
 
@@ -56,8 +57,9 @@ def snapshot_problems(config: dict, folder: Path) -> list[str]:
 def run_digests(config: dict) -> dict[str, str]:
     """Each train job of ``config`` (study/setting/method) -> the digest of what it computes (its run spec, as
     its checkpoint folder is named) and its seeds: what moves a table's numbers when the config changes."""
+    studies = {**config["studies"], **config.get("tuning_studies", {})}  # the tuning stages' runs choose values
     return {f"{study}/{s}/{m}": f"{spec_digest(run_spec(spec, s, m))} seeds {spec['seeds']}"
-            for study, spec in config["studies"].items() for s, m in grid_runs(spec)}
+            for study, spec in studies.items() for s, m in grid_runs(spec)}
 
 
 def stale_runs(config: dict, snapshot_runs: dict[str, str]) -> list[str]:

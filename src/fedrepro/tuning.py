@@ -1,0 +1,155 @@
+"""The tuning stage: score every grid point of a stage, choose each method's best, and hand the choice to the runs
+that train with it.
+
+A study's `tuning` (workflow/schemas/study.schema.yaml) runs each stage as a study of its own, <study>--tune-<stage>
+(fedrepro.config.tuning_stage_studies), whose methods are the stage's grid points. Once its runs are aggregated,
+``choose`` scores each point by the stage's metric (the number the study's tables report), averaged over every
+tuning setting and seed, and picks each method's best point: the first in grid order among equals, never a point
+one of whose runs diverged. ``write_choice`` keeps the choice (<stage>.json) and every point's score (<stage>.csv,
+<stage>.md). A train job whose spec names tuned stages (``tuned``: the stages that apply to its method) reads their
+choices and applies them before it trains (``apply_choices``): its fingerprint, checkpoints and summary.json are
+those of the tuned run, so a changed choice trains the run again.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from fedrepro.io import atomic_write_json, atomic_write_text, read_json
+from fedrepro.report.derived import add_derived, metric_key
+
+
+class TuningError(ValueError):
+    """A tuning stage whose runs cannot choose (missing runs, every point diverged), or a choice file a run cannot
+    use; the message names the stage, the method or the file."""
+
+
+def point_scores(stage: dict, runs: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
+    """One row per grid point of ``stage`` (its method, variant and values, in grid order): the mean of the
+    stage's metric over its runs (every tuning setting and seed), its mean per setting, how many runs it has and
+    how many diverged. ``stage``: the rule's params (``variants``: variant -> {method, values}; ``metric``;
+    ``settings``; ``seeds``). A point without a run of every setting and seed is refused by name."""
+    metric, settings, seeds = stage["metric"], list(stage["settings"]), list(stage["seeds"])
+    spec = {"name": f"tuning stage {stage['stage']}", "metric": metric, "columns": [{}]}
+    values = add_derived(spec, summary, runs)
+    key = metric_key(spec, {})
+    rows = []
+    for variant, point in stage["variants"].items():
+        mine = values[values["method"] == variant]
+        have = {(str(s), int(seed)) for s, seed in zip(mine["setting"], mine["seed"], strict=True)}
+        missing = sorted({(s, seed) for s in settings for seed in seeds} - have)
+        if missing:
+            raise TuningError(f"tuning stage {stage['stage']}: grid point {variant} has no run of "
+                              f"{', '.join(f'{s} seed {seed}' for s, seed in missing)}")
+        diverged = int((mine["status"] == "diverged").sum())
+        finished = mine[mine["status"] != "diverged"]
+        score = math.nan if diverged else float(finished[key].mean())
+        per_setting = {f"score[{s}]": float(finished[finished["setting"] == s][key].mean()) for s in settings}
+        rows.append({"method": point["method"], "variant": variant, **point["values"],
+                     "score": score, **per_setting, "runs": len(mine), "diverged": diverged})
+    return pd.DataFrame(rows)
+
+
+def choose(stage: dict, scores: pd.DataFrame) -> dict[str, Any]:
+    """Each method's chosen point: the highest score, the first in grid order among equals; a point with a diverged
+    run has no score and is never chosen (TuningError when every point of a method diverged)."""
+    chosen = {}
+    for method in dict.fromkeys(scores["method"]):
+        points = scores[(scores["method"] == method) & scores["score"].notna()]
+        if points.empty:
+            raise TuningError(f"tuning stage {stage['stage']}: every grid point of {method} has a diverged run; "
+                              "widen its grid or fix the divergence")
+        best = points.loc[points["score"].idxmax()]  # idxmax: the first of equal maxima
+        values = stage["variants"][best["variant"]]["values"]
+        chosen[method] = {"variant": best["variant"], "values": values, "score": float(best["score"])}
+    return chosen
+
+
+def write_choice(stage: dict, runs: pd.DataFrame, summary: pd.DataFrame, out_json: Path, out_csv: Path,
+                 out_md: Path) -> dict[str, Any]:
+    """Score and choose (point_scores, choose); write the choice (JSON: what runs read), every point's score
+    (CSV) and a table of them (Markdown, the chosen point of each method in bold). Returns the choice."""
+    scores = point_scores(stage, runs, summary)
+    chosen = choose(stage, scores)
+    choice = {"study": stage["study"], "stage": stage["stage"], "applies_to": stage["applies_to"],
+              "metric": stage["metric"], "settings": stage["settings"], "seeds": stage["seeds"], "chosen": chosen}
+    atomic_write_text(out_csv, scores.to_csv(index=False, lineterminator="\n"))
+    atomic_write_text(out_md, _markdown(stage, scores, chosen))
+    atomic_write_json(out_json, choice)
+    return choice
+
+
+def _markdown(stage: dict, scores: pd.DataFrame, chosen: dict[str, Any]) -> str:
+    settings = ", ".join(stage["settings"])
+    seeds = ", ".join(map(str, stage["seeds"]))
+    scope = ("every method trains with the choice" if stage["applies_to"] == "all"
+             else "each method trains with its own choice")
+    lines = [f"# Tuning stage {stage['stage']} of {stage['study']}", "",
+             f"Score: {stage['metric']}, the mean over settings {settings} and seeds {seeds}; the highest is chosen "
+             f"(bold; the first in grid order among equals; a point with a diverged run is never chosen); {scope}.",
+             ""]
+    for method in dict.fromkeys(scores["method"]):
+        points = scores[scores["method"] == method]
+        keys = list(stage["variants"][points["variant"].iloc[0]]["values"])
+        per_setting = [c for c in points.columns if c.startswith("score[")]
+        head = [*keys, "score", *per_setting, "diverged runs"]
+        lines += [f"## {method}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for row in points.to_dict("records"):
+            values = stage["variants"][row["variant"]]["values"]  # as the grid states them (the frame's may be floats)
+            cells = [str(values[k]) for k in keys]
+            cells += ["—" if math.isnan(row["score"]) else f"{row['score']:.2f}"]
+            cells += ["—" if math.isnan(row[c]) else f"{row[c]:.2f}" for c in per_setting]
+            cells += [f"{row['diverged']} of {row['runs']}"]
+            if row["variant"] == chosen[method]["variant"]:
+                cells = [f"**{c}**" for c in cells]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def choice_path(results: str | Path, study: str, stage: str, suffix: str = ".json") -> Path:
+    """Where a study's tuning stage writes its choice (.json), scores (.csv) and table (.md)."""
+    return Path(results) / study / "tuning" / f"{stage}{suffix}"
+
+
+def apply_choices(spec: dict, choices: dict[tuple[str, str], Path]) -> dict:
+    """``spec`` with the choices of its ``tuned`` stages applied (``choices``: (study, stage) -> its choice file):
+    each chosen dotted key set in the spec's training, hparams or weighting, and ``tuned`` replaced by what was
+    applied (stage and values), so the job's fingerprint and summary.json are the tuned run's. A spec without
+    ``tuned`` is returned as it is."""
+    if not spec.get("tuned"):
+        return spec
+    out = copy.deepcopy(spec)
+    applied = []
+    for entry in spec["tuned"]:
+        path = choices.get((entry["study"], entry["stage"]))
+        if path is None:
+            raise TuningError(f"{spec['study']}/{spec['setting']}/{spec['method']}: no choice file of tuning stage "
+                              f"{entry['study']}/{entry['stage']} was given to the job")
+        choice = read_json(Path(path), remedy="rerun its tuning stage: it is written again from the stage's runs")
+        picked = choice.get("chosen", {})
+        method = entry["method"] if entry["method"] != "*" else next(iter(picked), None)
+        if method not in picked:
+            raise TuningError(f"{path}: no choice for method {method!r} (it has {sorted(picked)})")
+        values = picked[method]["values"]
+        for dotted, value in values.items():
+            section, key = dotted.split(".", 1)
+            out.setdefault(section, {})[key] = value
+        applied.append({"study": entry["study"], "stage": entry["stage"], "method": method, "values": values})
+    out["tuned"] = applied
+    return out
+
+
+def tuned_digest(spec: dict) -> str | None:
+    """A short hash of what a tuned spec's stages chose (None for an untuned spec): its checkpoints live in a folder
+    of their own, so a run resumed after its choice changed starts afresh instead of being refused."""
+    if not spec.get("tuned"):
+        return None
+    return hashlib.sha256(json.dumps(spec["tuned"], sort_keys=True).encode()).hexdigest()[:12]

@@ -1,0 +1,33 @@
+# Tuning: each stage of a study's `tuning` runs its grid as a study of its own, <study>--tune-<stage> (partitions,
+# train jobs and aggregation as any study's, on the tuning settings and seeds); choose_tuning scores every grid point by
+# the study's metric over those runs and writes the choice that later stages and the study's own train jobs read
+# (fedrepro.tuning), with every point's score as a table.
+
+
+localrules:
+    choose_tuning,
+
+
+rule choose_tuning:
+    input:
+        runs=f"{RES}/{{study}}{TUNING_SEPARATOR}{{stage}}/runs.csv",
+        summary=f"{RES}/{{study}}{TUNING_SEPARATOR}{{stage}}/summary.csv",
+        runs_sha256=f"{RES}/{{study}}{TUNING_SEPARATOR}{{stage}}/runs.csv.sha256",
+        summary_sha256=f"{RES}/{{study}}{TUNING_SEPARATOR}{{stage}}/summary.csv.sha256",
+    output:
+        json=f"{RES}/{{study}}/tuning/{{stage}}.json",
+        csv=f"{RES}/{{study}}/tuning/{{stage}}.csv",
+        md=report(
+            f"{RES}/{{study}}/tuning/{{stage}}.md",
+            category="{study}",
+            subcategory="tuning",
+            caption="../report/tuning.rst",
+        ),
+    params:
+        stage=tuning_stage,
+    log:
+        f"{RES}/{{study}}/logs/tuning/{{stage}}.log",
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/choose_tuning.py"
