@@ -153,6 +153,64 @@ def test_fedasync_mixes_by_its_staleness_formula():
     torch.testing.assert_close(fresh, 0.4 * w + 0.6 * (w_start + delta))
 
 
+def test_fedasync_update_form_applies_each_update_to_the_current_model_and_agrees_with_mix_when_fresh():
+    """The reading of Feddle's Eq. 4 and footnote 2 (updates merged into the current model), against a few-line
+    re-implementation: w <- w + alpha (s + 1)^(-a) Delta for each arrival in turn."""
+    arrivals = [(torch.tensor([0.0, 1.0, 1.0]), torch.tensor([2.0, 2.0, -1.0]), 3),
+                (torch.tensor([5.0, 5.0, 5.0]), torch.tensor([-1.0, 0.5, 0.0]), 0),
+                (torch.tensor([1.0, 2.0, 3.0]), torch.tensor([0.0, 0.0, 4.0]), 8)]
+    fedasync = build_method("fedasync", alpha=0.6, a=0.5, form="update")
+    w = expected = torch.tensor([1.0, 2.0, 3.0])
+    for w_start, delta, staleness in arrivals:
+        w = fedasync.receive(w, update(0, delta, w_start, staleness))
+        expected = expected + 0.6 * (staleness + 1) ** -0.5 * delta
+    torch.testing.assert_close(w, expected)
+    mix = build_method("fedasync", alpha=0.6, a=0.5, form="mix")
+    here = torch.tensor([1.0, -2.0, 0.5])  # a fresh update starts from the current model: both forms agree
+    fresh = update(0, torch.tensor([0.3, 0.1, -0.2]), here.clone(), staleness=0)
+    torch.testing.assert_close(mix.receive(here, fresh), fedasync.receive(here, fresh))
+
+
+def test_fedavg_discard_averages_this_rounds_updates_only():
+    """Feddle's Eq. 3 reading of FedAvg under delays, against a few-line re-implementation: the sample-weighted
+    mean of the updates with staleness 0; a round with none leaves the model as it was."""
+    method = build_method("fedavg_discard")
+    w = torch.tensor([1.0, 1.0])
+    ups = [Update(cid=0, delta=torch.tensor([2.0, 0.0]), w_start=w, dispatch_round=5, staleness=0, num_samples=30),
+           Update(cid=1, delta=torch.tensor([9.0, 9.0]), w_start=w, dispatch_round=2, staleness=3, num_samples=10),
+           Update(cid=2, delta=torch.tensor([0.0, 4.0]), w_start=w, dispatch_round=5, staleness=0, num_samples=10)]
+    for u in ups:
+        w = method.receive(w, u)
+    w = method.round_end(w, 5)
+    torch.testing.assert_close(w, torch.tensor([1.0, 1.0]) + (30 * ups[0].delta + 10 * ups[2].delta) / 40)
+    assert method.round_metrics() == {"discarded": 1.0}
+    stale_only = method.round_end(method.receive(w, ups[1]), 6)
+    torch.testing.assert_close(stale_only, w)
+    averaging = build_method("fedavg")  # the other reading: every arrival averaged, however stale
+    for u in ups:
+        averaging.receive(w, u)
+    torch.testing.assert_close(averaging.round_end(w, 7), w + (30 * ups[0].delta + 10 * ups[1].delta
+                                                               + 10 * ups[2].delta) / 50)
+
+
+def test_fedbuff_steps_by_the_mean_of_each_full_buffer_across_rounds():
+    """FedBuff (Nguyen et al.'s Algorithm 1), against a few-line re-implementation: updates accumulate across
+    rounds; every buffer_size-th arrival steps w by server_lr times their mean and empties the buffer."""
+    deltas = [torch.tensor([float(i), -float(i) / 2]) for i in range(1, 8)]
+    fedbuff = build_method("fedbuff", server_lr=0.5, buffer_size=3)
+    w = expected = torch.tensor([0.0, 1.0])
+    buffered: list[torch.Tensor] = []
+    for rnd, delta in enumerate(deltas):
+        w = fedbuff.receive(w, update(rnd, delta, staleness=rnd % 3))
+        w = fedbuff.round_end(w, rnd)  # a round ends after each arrival: the buffer outlives it
+        buffered.append(delta)
+        if len(buffered) == 3:
+            expected = expected + 0.5 * torch.stack(buffered).mean(0)
+            buffered = []
+        torch.testing.assert_close(w, expected)
+    assert fedbuff.state["count"] == 1  # the seventh waits in the buffer
+
+
 def test_ca2fl_caches_each_clients_latest_update_and_calibrates_with_the_cache():
     ca2fl = build_method("ca2fl", server_lr=1.0, buffer_size=3)
     ca2fl.setup(SimpleNamespace(flat=None, model=None, num_clients=4, seed=0))
