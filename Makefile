@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 CORES ?= $(shell nproc 2>/dev/null || echo 2)
-# Another CPU's kernels on this one (README, "Other CPUs"): torch's ATen vectors and oneDNN's convolutions capped to
+# Another CPU's kernels on this one (docs/measurements/kernel-sets.md): torch's ATen vectors and oneDNN's convolutions capped to
 # what an AVX2-only or an SSE4.1-only x86-64 CPU runs. `make test KERNELS=avx2`, `make run KERNELS=sse41`.
 KERNELS ?= native
 KERNELS_native :=
@@ -53,19 +53,19 @@ fashion-mnist:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist; \
 	else echo "dataset-fashion-mnist missing (not root): Fashion-MNIST will be downloaded from the network"; fi
 
-# every table and figure of the four studies at laptop scale (hours: README, "laptop-full"), into results/laptop-full;
+# every table and figure of the four studies at laptop scale (hours: docs/laptop-full.md), into results/laptop-full;
 # -P starts Feddle's Fashion-MNIST jobs (the longest, up to ~50 minutes each) first, so no core idles at the end
 laptop-full: $(VENV)/.installed fashion-mnist
 	$(BIN)/snakemake --cores $(CORES) --configfile config/laptop-full.yaml \
 	  -P results/laptop-full/feddle-fmnist/tables/table5.md
 
 # Feddle's four averaging baselines of Table 5 trained until they settle (600 rounds, ~0.9 core-hours; not in
-# laptop-full: README, "laptop-full"), into results/laptop-feddle-600
+# laptop-full: docs/laptop-full.md), into results/laptop-feddle-600
 laptop-feddle-600: $(VENV)/.installed fashion-mnist
 	$(BIN)/snakemake --cores $(CORES) --configfile config/laptop-feddle-600.yaml
 
 # copy a complete laptop-full run's scorecard, tables and figures into docs/results/laptop-full (WALL_TIME: as measured;
-# REFRESH=study ...: replace only those studies' files, from a run of them alone: README, "laptop-full")
+# REFRESH=study ...: replace only those studies' files, from a run of them alone: docs/laptop-full.md)
 snapshot-laptop-full: $(VENV)/.installed
 	$(BIN)/python -m fedrepro.report.snapshot --configfile config/laptop-full.yaml --out docs/results/laptop-full \
 	  --wall-time "$(WALL_TIME)" $(if $(REFRESH),--refresh $(REFRESH))

@@ -5,8 +5,8 @@
 Users' CPUs differ (Intel, AMD, AVX2-only, AVX-512), and so do the kernels torch runs on them: ATen's vectorised
 element-wise and reduction kernels follow ``ATEN_CPU_CAPABILITY`` (default = no vectors, avx2, avx512), oneDNN's
 convolutions follow ``ONEDNN_MAX_CPU_ISA`` (SSE41, AVX2, AVX512_CORE, ...). Capping either on one machine runs the
-kernels another CPU would, so the rounding another CPU gives can be had here (README, "Other CPUs"; the Makefile's
-``KERNELS`` names the sets the tests and the default were checked under).
+kernels another CPU would, so the rounding another CPU gives can be had here (docs/measurements/kernel-sets.md;
+the Makefile's ``KERNELS`` names the sets the tests and the default were checked under).
 
 Each setting runs in a fresh process (torch reads both variables once, at start): a convolution, a matrix product,
 an element-wise chain, and 20 SGD steps of FedDisco's simple CNN on fixed inputs. Rows: the capability torch

@@ -1,5 +1,5 @@
-"""A study of one's own runs alone (`studies_only`), the README's example is the shipped file, and what a method
-checks in its __init__ stops the run at config time, naming the method's key."""
+"""A study of one's own runs alone (`studies_only`), the extending guide's example is the shipped file, and what a
+method checks in its __init__ stops the run at config time, naming the method's key."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from fedrepro.config import ConfigError, load_yaml, merge_configfiles, resolve_c
 EXAMPLE = REPO / "config" / "examples" / "own-study.yaml"
 
 
-def test_the_readme_shows_the_shipped_example() -> None:
-    section = (REPO / "README.md").read_text().split("### Running your own study")[1]
+def test_the_extending_guide_shows_the_shipped_example() -> None:
+    section = (REPO / "docs" / "extending.md").read_text().split("## Running your own study")[1]
     shown = section.split("```yaml\n")[1].split("```")[0]
     assert yaml.safe_load(shown) == load_yaml(EXAMPLE)
 

@@ -82,7 +82,7 @@ def _read_summary(path: Path, data: dict) -> dict:
         if not isinstance(machine, dict):
             raise RunDataError(f"run summary {path}: machine is not a JSON object")
         row |= {k: str(machine.get(k) or "") for k in MACHINE}
-        if isa := machine.get("onednn_max_cpu_isa"):  # a kernel set chosen on purpose (README, "Other CPUs")
+        if isa := machine.get("onednn_max_cpu_isa"):  # a capped kernel set (docs/measurements/kernel-sets.md)
             row["cpu_capability"] += f", oneDNN max ISA {isa}"
     return row
 
