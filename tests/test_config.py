@@ -313,3 +313,39 @@ def test_config_files_merge_as_snakemake_merges_them(tmp_path):
     (tmp_path / "b.yaml").write_text("train_resources: {gpu: 1}\nstudies: {s: config/s.yaml}\n")
     merged = merge_configfiles(tmp_path / "a.yaml", tmp_path / "b.yaml")
     assert merged == {"train_resources": {"gpu": 1, "threads": 1}, "studies": {"s": "config/s.yaml", "t": {}}}
+
+
+def test_a_study_file_extends_another_as_a_merge_patch(tmp_path):
+    """`extends:` (fedrepro.config.load_study_file): mappings merge key by key, null removes a key, any other value
+    (lists included) replaces; a chain resolves in order, a loop is refused naming it."""
+    from fedrepro.config import load_study_file
+
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "paper.yaml").write_text(yaml.safe_dump({
+        "seeds": [0, 1, 2], "defaults": {"rounds": 100, "lr": 0.01},
+        "methods": {"a": {"algorithm": "fedavg", "hparams": {"x": 1}}, "b": {"algorithm": "fedprox"}},
+        "grid": [{"settings": ["s"], "methods": ["a", "b"]}]}))
+    (tmp_path / "laptop.yaml").write_text(yaml.safe_dump({
+        "extends": "base/paper.yaml", "defaults": {"rounds": 20}, "methods": {"b": None, "a": {"hparams": {"y": 2}}},
+        "grid": [{"settings": ["s"], "methods": ["a"]}]}))
+    study = load_study_file(tmp_path / "laptop.yaml")
+    assert study == {"seeds": [0, 1, 2], "defaults": {"rounds": 20, "lr": 0.01},
+                     "methods": {"a": {"algorithm": "fedavg", "hparams": {"x": 1, "y": 2}}},
+                     "grid": [{"settings": ["s"], "methods": ["a"]}]}
+    (tmp_path / "smaller.yaml").write_text(yaml.safe_dump({"extends": "laptop.yaml", "seeds": [0]}))
+    assert load_study_file(tmp_path / "smaller.yaml")["seeds"] == [0]
+    (tmp_path / "loop.yaml").write_text(yaml.safe_dump({"extends": "loop.yaml"}))
+    with pytest.raises(ConfigError, match="loop.yaml: extends itself through"):
+        load_study_file(tmp_path / "loop.yaml")
+
+
+def test_the_600_round_study_is_laptop_fulls_feddle_study_with_only_its_reductions():
+    """config/laptop/feddle-fmnist-600.yaml extends feddle-fmnist.yaml: a change there reaches it."""
+    six, full = (resolve_config(yaml.safe_load((REPO / "config" / f).read_text()), root=REPO)["studies"]
+                 for f in ("laptop-feddle-600.yaml", "laptop-full.yaml"))
+    six, base = six["feddle-fmnist-600"], full["feddle-fmnist"]
+    spec = run_spec(six, "fm-d01-n20", "fedbuff")
+    assert spec["training"] == {**run_spec(base, "fm-d01-n20", "fedbuff")["training"], "rounds": 600,
+                                "lr_decay": 0.1, "lr_decay_every": 200}
+    assert six["settings"] == base["settings"] and six["async"] == base["async"]
+    assert sorted(six["methods"]) == ["ca2fl", "fedasync", "fedavg", "fedbuff"]

@@ -130,6 +130,36 @@ def load_yaml(path: str | Path) -> dict:
     return data
 
 
+def load_study_file(path: str | Path, seen: tuple[Path, ...] = ()) -> dict:
+    """A study file, with the study it ``extends`` (a path relative to this file) underneath it: a laptop study
+    states only what it reduces, and a change to its paper study reaches it. The file is a merge patch of its
+    base (RFC 7396): a mapping merges into the base's mapping key by key, ``null`` removes a key (a method or
+    table the reduced study does not have), any other value, lists included, replaces the base's."""
+    path = Path(path).resolve()
+    if path in seen:
+        raise ConfigError(f"{path}: extends itself through {' -> '.join(str(p) for p in (*seen, path))}")
+    study = load_yaml(path)
+    base = study.pop("extends", None)
+    if base is None:
+        return study
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: extends: {base!r} is not a path to a study file")
+    return merge_patch(load_study_file(path.parent / base, (*seen, path)), study)
+
+
+def merge_patch(base: Any, patch: Any) -> Any:
+    """``patch`` applied to ``base`` as an RFC 7396 merge patch (neither is changed)."""
+    if not isinstance(patch, dict) or not isinstance(base, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(base)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
 def merge_configfiles(*paths: str | Path, root: Path = REPO) -> dict:
     """The config Snakemake builds from ``--configfile a b ...``: each file merged into the ones before it,
     mapping into mapping, any other value replacing (so a study given as a file path replaces an inline one).
@@ -168,7 +198,7 @@ def resolve_config(config: dict, source: str = "config", root: Path = REPO) -> d
             raise ConfigError(f"{source}: studies: {problem}")
         if isinstance(entry, str):
             path = Path(entry) if Path(entry).is_absolute() else root / entry
-            study, where, prefix = load_yaml(path), str(entry), ""
+            study, where, prefix = load_study_file(path), str(entry), ""
         else:
             study, where, prefix = copy.deepcopy(entry), source, f"studies.{name}"
         validate(study, "study", where, prefix)
