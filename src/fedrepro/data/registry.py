@@ -95,7 +95,7 @@ DATASETS: dict[str, DatasetSpec] = {
     "digits": DatasetSpec("digits", False, None, embedded.digits, None, size=Size(1347, (28, 28, 1), 10, test=450)),
     "digits_m": DatasetSpec("digits_m", False, None, embedded.digits_m, None, size=Size(1347, (28, 28, 3), 10)),
     # Fashion-MNIST blended as MNIST-M is: a FedGTST-style transfer on real data offline (measured, not taken:
-    # config/laptop/fedgtst.yaml's header)
+    # docs/measurements/laptop-fedgtst.md)
     "fashion_mnist_m": DatasetSpec("fashion_mnist_m", False, None, embedded.fashion_mnist_m, None,
                                    built_from=("fashion_mnist",), size=Size(60000, (28, 28, 3), 10)),
     # Feddle's out-of-domain server data at laptop scale (other images, other labels)
