@@ -158,6 +158,75 @@ def test_a_place_on_a_cell_whose_seeds_still_move_says_so() -> None:
     assert "‡" not in check_claims(spec, cells)[0].ours  # a CSV without n_moving marks nothing
 
 
+def made_up_runs(values: dict[tuple[str, str], list[float]], seeds=(0, 1, 2, 3, 4),
+                 diverged: tuple[tuple[str, str, int], ...] = ()) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(runs, summary) of one study: each (method, setting) run's best accuracy per seed; ``diverged``: runs that
+    diverged (their value stays out of every cell)."""
+    rows = [{"study": "x", "setting": s, "method": m, "seed": seed, "best_acc": v, "last_k": 5,
+             "status": "diverged" if (m, s, seed) in diverged else "complete"}
+            for (m, s), vs in values.items() for seed, v in zip(seeds, vs, strict=True)]
+    summary = pd.DataFrame(rows)
+    return summary.assign(round=1, test_acc=summary["best_acc"])[["study", "setting", "method", "seed", "round",
+                                                                  "test_acc"]], summary
+
+
+def cells_from_runs(spec: dict, summary: pd.DataFrame) -> pd.DataFrame:
+    """The table's cells as the table job computes them: mean and sample sd over each cell's finished seeds."""
+    means, sds, ns = [], [], []
+    for r in spec["rows"]:
+        line_m, line_s, line_n = [], [], []
+        for c in spec["columns"]:
+            mine = summary[(summary["method"] == r["method"] + c.get("method_suffix", ""))
+                           & (summary["setting"] == c["setting"]) & (summary["status"] == "complete")]["best_acc"]
+            line_m.append(float(mine.mean()))
+            line_s.append(float(mine.std(ddof=1)))
+            line_n.append(len(mine))
+        means.append(line_m)
+        sds.append(line_s)
+        ns.append(line_n)
+    cells = cells_of(spec, means, [[NAN] * len(spec["columns"])] * len(spec["rows"]),
+                     [[NAN] * len(spec["columns"])] * len(spec["rows"]), ours_sd=sds)
+    cells["n_seeds"] = [n for line in ns for n in line]
+    cells["method"] = [r["method"] + c.get("method_suffix", "") for r in spec["rows"] for c in spec["columns"]]
+    return cells
+
+
+def test_runs_that_share_their_seeds_are_judged_on_their_paired_differences() -> None:
+    """A seed effect large against a small consistent gain: paired by seed the gain holds, unpaired it is within
+    noise (issue #52, with the shape of the default's FedAvg against FedAvg + Disco)."""
+    from fedrepro.report.paired import seed_values
+
+    base = [70.0, 75.0, 80.0, 85.0, 90.0]  # the seed decides most of a run's number
+    gain = [1.0, 1.2, 0.8, 1.1, 0.9]
+    spec = {**spec_of([{"setting": "s1", "label": "S"}, {"setting": "s1", "label": "S + D", "method_suffix": "-d"}],
+                      [{"better_column": "S + D", "than_column": "S", "rows": ["a"]}]),
+            "rows": [{"method": "a", "label": "A"}], "seeds": [0, 1, 2, 3, 4]}
+    runs, summary = made_up_runs({("a", "s1"): base, ("a-d", "s1"): [b + g for b, g in zip(base, gain, strict=True)]})
+    cells = cells_from_runs(spec, summary)
+    (unpaired,) = check_claims(spec, cells)
+    assert unpaired.ours == "within noise (1 within noise of 1): A within noise: +1.00 ± 4.99 (2 SE 9.97)"
+    (paired,) = check_claims(spec, cells, seeds=seed_values(spec, cells, runs, summary))
+    assert paired.ours == "holds (1 of 1): A holds: +1.00 ± 0.07 (2 SE 0.14; paired over 5 seeds)"
+    assert paired.holds is True
+
+    # a seed that diverged on one side breaks the pairs: unpaired over each side's own seeds, and it says why
+    runs, summary = made_up_runs({("a", "s1"): base, ("a-d", "s1"): [b + g for b, g in zip(base, gain, strict=True)]},
+                                 diverged=(("a-d", "s1", 3),))
+    cells = cells_from_runs(spec, summary)
+    (broken,) = check_claims(spec, cells, seeds=seed_values(spec, cells, runs, summary))
+    assert "(2 SE " in broken.ours and "unpaired, seeds differ (0, 1, 2, 4 and 0, 1, 2, 3, 4)" in broken.ours
+    assert broken.ours.startswith("within noise")
+
+
+def test_cells_on_other_settings_never_pair() -> None:
+    from fedrepro.report.paired import paired_differences
+
+    assert paired_differences(("s1", {0: 1.0, 1: 2.0}), ("s2", {0: 0.0, 1: 1.0})) == (None, "unpaired, other settings")
+    assert paired_differences(("s1", {0: 1.0, 1: 2.0}), ("s1", {0: 0.5, 1: 1.0})) == ([0.5, 1.0],
+                                                                                     "paired over 2 seeds")
+    assert paired_differences(("s1", {0: 1.0}), ("s1", {0: 0.5}))[0] is None  # one seed: nothing to pair
+
+
 def test_a_best_claim_is_checked_against_the_strongest_other_row() -> None:
     columns = [{"setting": "s1", "label": "acc"}, {"setting": "s1", "label": "rounds", "metric": "rounds_to_acc"}]
     spec = {**spec_of(columns, [{"best": "a"}]), "target_acc": 55}

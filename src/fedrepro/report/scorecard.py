@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from fedrepro.report.collect import MACHINE, write_text_atomic
 from fedrepro.report.convergence import StudyConvergence, convergence_blocks, study_convergence
 from fedrepro.report.derived import LAST_K_MAX, SUMMARY_METRICS, lower_is_better, metric_key
 from fedrepro.report.integrity import read_aggregate
+from fedrepro.report.paired import SeedValues, paired_differences, seed_values
 from fedrepro.report.published import trials_behind_sd
 from fedrepro.report.tables import MOVING, decimals
 
@@ -169,6 +171,7 @@ class Estimate:
     sd: float
     n: int
     moving: bool = False  # seeds of the cell not at their plateau (its table's ‡, n_moving)
+    seeds: SeedValues = None  # its setting and per-seed numbers, where it can pair (fedrepro.report.paired)
 
 
 @dataclass(frozen=True)
@@ -185,6 +188,7 @@ class Place:
     sign_holds: bool
     digits: int = 2
     moving: bool = False  # a cell compared has seeds not at their plateau: a difference of runs still moving
+    test: str = ""  # our places: paired over n seeds, or unpaired and why (fedrepro.report.paired)
 
     @property
     def outcome(self) -> str:
@@ -200,19 +204,29 @@ class Place:
 
     def text(self) -> str:
         diff = f"{self.diff:+.{self.digits}f}"
-        moving = f"; {MOVING_NOTE}" if self.moving else ""
+        notes = "".join(f"; {note}" for note in (self.test, MOVING_NOTE if self.moving else "") if note)
         if math.isnan(self.se):
-            return f"{self.name} {self.outcome}: {diff} ({self.no_se}{moving})"
+            return f"{self.name} {self.outcome}: {diff} ({self.no_se}{notes})"
         return (f"{self.name} {self.outcome}: {diff} ± {self.se:.{self.digits}f} "
-                f"({NOISE_SE:g} SE {NOISE_SE * self.se:.{self.digits}f}{moving})")
+                f"({NOISE_SE:g} SE {NOISE_SE * self.se:.{self.digits}f}{notes})")
 
 
 def _place(name: str, a: Estimate, b: Estimate, lower: bool, no_se: str) -> Place:
-    """Claimed cell ``a`` against ``b``; SE of a difference of two independent means: sqrt(sd_a²/n_a + sd_b²/n_b)."""
-    diff = b.mean - a.mean if lower else a.mean - b.mean
-    se = math.sqrt(a.sd ** 2 / a.n + b.sd ** 2 / b.n) if min(a.n, b.n) > 0 else math.nan
+    """Claimed cell ``a`` against ``b``. Where the two pair by seed (same setting, the same seeds:
+    fedrepro.report.paired) the difference is the mean of the per-seed differences and its SE sd_d / sqrt(n);
+    otherwise the difference of the two means, SE sqrt(sd_a²/n_a + sd_b²/n_b) (two independent means)."""
+    differences, test = paired_differences(a.seeds, b.seeds) if a.seeds or b.seeds else (None, "")
+    if differences is not None:
+        d = [-x for x in differences] if lower else differences
+        diff = statistics.fmean(d)
+        se = statistics.stdev(d) / math.sqrt(len(d))
+    else:
+        diff = b.mean - a.mean if lower else a.mean - b.mean
+        se = math.sqrt(a.sd ** 2 / a.n + b.sd ** 2 / b.n) if min(a.n, b.n) > 0 else math.nan
+        if test == "unpaired":
+            test = f"unpaired, {a.n} and {b.n} seeds"
     return Place(name, diff, se, no_se, _beats(a.mean, b.mean, lower), max(decimals(a.mean), decimals(b.mean)),
-                 a.moving or b.moving)
+                 a.moving or b.moving, test)
 
 
 def _places(spec: dict, claim: dict, grid: list[list[Estimate]], no_se: str) -> list[Place]:
@@ -277,19 +291,24 @@ def claim_text(spec: dict, claim: dict) -> str:
 
 
 def _estimates(means: list[list[float]], sds: list[list[float]], ns: list[list[float]],
-               moving: list[list[float]] | None = None) -> list[list[Estimate]]:
+               moving: list[list[float]] | None = None,
+               seeds: list[list[SeedValues]] | None = None) -> list[list[Estimate]]:
     moving = moving or [[0.0] * len(line) for line in means]
-    return [[Estimate(m, s, 0 if math.isnan(n) else int(n), bool(k > 0)) for m, s, n, k in zip(*lines, strict=True)]
-            for lines in zip(means, sds, ns, moving, strict=True)]
+    seeds = seeds or [[None] * len(line) for line in means]
+    return [[Estimate(m, s, 0 if math.isnan(n) else int(n), bool(k > 0), v)
+             for m, s, n, k, v in zip(*lines, strict=True)]
+            for lines in zip(means, sds, ns, moving, seeds, strict=True)]
 
 
-def check_claims(spec: dict, cells: pd.DataFrame, trials: int | None = None) -> list[ClaimResult]:
-    """Each of the table's `claims`, checked in our means (sd over the cell's seeds) and in the published ones
-    (their printed sd over ``trials``, the paper's trial count; None: the table's sds are not over trials)."""
+def check_claims(spec: dict, cells: pd.DataFrame, trials: int | None = None,
+                 seeds: list[list[SeedValues]] | None = None) -> list[ClaimResult]:
+    """Each of the table's `claims`, checked in our means (sd over the cell's seeds; where two cells pair by seed,
+    ``seeds`` from fedrepro.report.paired, on the per-seed differences) and in the published ones (their printed
+    sd over ``trials``, the paper's trial count; None: the table's sds are not over trials)."""
     # a cells CSV from before the plateau marks has no n_moving: nothing marked
     moving = _grid(spec, cells, "n_moving") if "n_moving" in cells.columns else None
     ours = _estimates(_grid(spec, cells, "ours_mean"), _grid(spec, cells, "ours_std"), _grid(spec, cells, "n_seeds"),
-                      moving)
+                      moving, seeds)
     paper_mean = _grid(spec, cells, "paper_mean")
     paper_sd = _grid(spec, cells, "paper_std") if trials else [[math.nan] * len(line) for line in paper_mean]
     paper = _estimates(paper_mean, paper_sd, [[trials or 0] * len(line) for line in paper_mean])
@@ -347,9 +366,10 @@ def _level_misses(spec: dict, ours: list[list[float]], paper: list[list[float]])
     return compared, misses
 
 
-def score_table(study: str, spec: dict, cells: pd.DataFrame, trials: int | None = None) -> TableScore:
+def score_table(study: str, spec: dict, cells: pd.DataFrame, trials: int | None = None,
+                seeds: list[list[SeedValues]] | None = None) -> TableScore:
     """The scorecard line of one table from its tidy cell CSV (``render_table``'s frame); ``trials``: how many
-    trials the published sds are over (check_claims)."""
+    trials the published sds are over, ``seeds``: each cell's per-seed numbers (check_claims)."""
     ours, paper = _grid(spec, cells, "ours_mean"), _grid(spec, cells, "paper_mean")
     std = [v for line in _grid(spec, cells, "paper_std") for v in line]
     flat = [(o, p, s) for o, p, s in zip([v for line in ours for v in line], [v for line in paper for v in line],
@@ -366,7 +386,7 @@ def score_table(study: str, spec: dict, cells: pd.DataFrame, trials: int | None 
         mean_abs_diff=sum(d for d, _ in both) / len(both) if both else math.nan,
         max_abs_diff=max((d for d, _ in both), default=math.nan),
         with_std=len(with_std), within_2sd=sum(d <= 2 * s for d, s in with_std),
-        rank_tau=_rank_tau(ours, paper), claims=check_claims(spec, cells, trials),
+        rank_tau=_rank_tau(ours, paper), claims=check_claims(spec, cells, trials, seeds),
         compare_levels=bool(spec.get("compare_levels")), level_cells=level_cells, level_misses=misses,
     )
 
@@ -440,8 +460,13 @@ def _intro(scale: str, scores: list[TableScore]) -> list[str]:
         "places (a column, or a row for a claim between columns; a “best” claim's place pits the claimed row "
         "against the strongest other row). There the difference of the two means in the claim's favour **holds** "
         f"when it exceeds {NOISE_SE:g} standard errors, **fails** when it falls below minus {NOISE_SE:g} SE, and is "
-        "**within noise** otherwise; SE = sqrt(sd_a²/n_a + sd_b²/n_b), from our sd over seeds (sample sd) or "
-        "the published sd over the paper's trials. A place where we have one seed has no SE and is "
+        "**within noise** otherwise. Where both of our cells run on the same setting with the same seeds (a seed "
+        "fixes a run's partition, initial weights, client sampling and batches, so two such runs differ only by "
+        "their method), the place is **paired**: the difference is the mean of the per-seed differences and "
+        "SE = sd_d / sqrt(n), leaving out the seed-to-seed spread both cells share. Otherwise (other settings, "
+        "seeds that differ because one diverged, and every published place) it is **unpaired**: "
+        "SE = sqrt(sd_a²/n_a + sd_b²/n_b), from our sd over seeds (sample sd) or the published sd over the "
+        "paper's trials; each of our places says which test it took. A place where we have one seed has no SE and is "
         "**unresolved**; a published pair printed without sds is judged by its sign, ties at two decimals "
         "holding. A claim holds if it holds in every place, fails if it fails in any, "
         "is unresolved if no place could be judged, and is within noise otherwise. A place that compares a cell "
@@ -629,17 +654,18 @@ def build_scorecard(tables: list[tuple[str, dict, Path]], scale: str, md_out: Pa
     (setting, method) runs, seeds; by default the runs they hold: fedrepro.report.integrity.require_runs).
     ``figures``: study -> its figures' job specs, whose per-run numbers judge their runs' plateau too."""
     cells = [(study, spec, pd.read_csv(path)) for study, spec, path in tables]
-    scores = [score_table(study, spec, table_cells,
-                          trials_behind_sd((papers or {}).get(study), spec.get("paper_table")))
-              for study, spec, table_cells in cells]
-    convergence, machines = {}, {}
+    convergence, machines, aggregated = {}, {}, {}
     for study, paths in (runs or {}).items():
         shown, seeds = (shown_runs or {}).get(study, (None, None))
-        study_runs, summary = (read_aggregate(path, shown, seeds) for path in paths)
+        aggregated[study] = study_runs, summary = tuple(read_aggregate(path, shown, seeds) for path in paths)
         convergence[study] = study_convergence(study, study_runs, summary,
                                                [(spec, c) for s, spec, c in cells if s == study],
                                                (figures or {}).get(study, []))
         machines[study] = machines_line(summary)
+    scores = [score_table(study, spec, table_cells,
+                          trials_behind_sd((papers or {}).get(study), spec.get("paper_table")),
+                          seed_values(spec, table_cells, *aggregated[study]) if study in aggregated else None)
+              for study, spec, table_cells in cells]
     write_text_atomic(render_markdown(scores, scale, coverage, convergence, machines), Path(md_out))
     write_text_atomic(render_html(scores, scale, coverage, convergence, machines), Path(html_out))
     return scores
