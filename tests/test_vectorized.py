@@ -78,3 +78,33 @@ def test_side_by_side_drops_the_same_short_batches(small_data64, algorithm):
     _, keep = run_with(small_data64, parts, algorithm, "sequential", dataclasses.replace(cfg, drop_last=False))
     assert keep.history[0]["train_loss"] != seq.history[0]["train_loss"]  # drop_last did change the batches
 
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "feddyn"])
+def test_a_side_by_side_step_reads_nothing_back_from_the_device(small_data64, algorithm, monkeypatch):
+    """Issue #51, item 1: the round's batches, masks and live lanes are built once, what the host counts it counts
+    from the schedules, and the methods' corrections run batched; so no step calls .item(), int() or float() on a
+    tensor (each a device-to-host wait on a GPU)."""
+    from fedrepro.sim import vectorized
+
+    parts = dirichlet_clients(small_data64.y_train.numpy(), n_clients=5)
+    run, _ = run_with(small_data64, parts, algorithm, "vectorized", cfg=dataclasses.replace(CFG, rounds=1), width=3)
+    w0 = run.flat.w.detach().clone()
+    cids = [0, 1, 2]
+    clients = [vectorized.Client(cid=c, round=2, w_start=w0, num_samples=len(run.clients[c])) for c in cids]
+    schedules = [list(run.client_batches(c, 2)) for c in cids]  # drawn before: their generators are the host's
+    reads = []
+
+    def recording(name, real):
+        def read(t, *args, **kwargs):
+            reads.append(name)
+            return real(t, *args, **kwargs)
+        return read
+
+    for name in ("item", "tolist", "__int__", "__float__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, recording(name, getattr(torch.Tensor, name)))
+    w, _, seen = vectorized.local_steps_side_by_side(run, clients, schedules, w0)
+    monkeypatch.undo()
+    assert reads == [] and w.shape == (3, w0.numel())
+    assert seen == [sum(len(b) for b in s) for s in schedules]
+    assert [c.steps for c in clients] == [len(s) for s in schedules]

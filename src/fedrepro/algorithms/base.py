@@ -10,6 +10,7 @@ by client id); ``state_bytes_per_client`` declares how much of it grows with the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
@@ -46,9 +47,16 @@ EvaluatedModel = Literal["server", "client_mean"]
 
 def clip_grad_norm_(g: torch.Tensor, max_norm: float) -> None:
     """Scale the gradient vector ``g`` in place to norm at most ``max_norm`` (0: off), as
-    ``torch.nn.utils.clip_grad_norm_`` does over all of a model's parameters."""
+    ``torch.nn.utils.clip_grad_norm_`` does over all of a model's parameters; lanes side by side ([m, P]) each
+    to its own norm."""
     if max_norm:
-        g.mul_(torch.clamp(max_norm / (g.norm() + 1e-6), max=1.0))
+        norm = g.norm(dim=-1, keepdim=True) if g.dim() > 1 else g.norm()
+        g.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+
+
+def lane_stack(per_client: dict[int, torch.Tensor], clients: list[Client], like: torch.Tensor) -> torch.Tensor:
+    """[m, P]: each client's entry of ``per_client`` (a method's state keyed by client id), zeros where it has none."""
+    return torch.stack([per_client.get(c.cid, torch.zeros_like(like)) for c in clients])
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -93,6 +101,14 @@ class Algorithm:
 
     def correct_grad(self, w: torch.Tensor, g: torch.Tensor, client: Client) -> None:
         """Add gradient terms to ``g`` in place (before weight decay and momentum)."""
+
+    def batched_correction(self, clients: list[Client], w_global: torch.Tensor
+                           ) -> Callable[[torch.Tensor, torch.Tensor, int], None] | None:
+        """``correct_grad`` for clients trained side by side from ``w_global`` (sim/vectorized.py), in one pass
+        over every lane: a function (w [m, P], g [m, P], step t) adding each lane's terms in place, or None
+        (the default, and for methods without corrections: the engine calls ``correct_grad`` lane by lane). Only
+        lanes still stepping matter; it may change a finished lane's gradient, which moves nothing."""
+        return None
 
     def upload(self, client: Client, w_end: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"delta": w_end - client.w_start}

@@ -22,11 +22,12 @@ FedAvg exactly; alpha = 0 with the correction is SCAFFOLD (option II, global ste
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 
-from fedrepro.algorithms.base import Algorithm, Client, EvaluatedModel, clip_grad_norm_
+from fedrepro.algorithms.base import Algorithm, Client, EvaluatedModel, clip_grad_norm_, lane_stack
 from fedrepro.plugins import NonNegative
 
 if TYPE_CHECKING:
@@ -69,6 +70,22 @@ class FedDC(Algorithm):
             if client.cid in self.state["g_k"]:
                 g.sub_(self.state["g_k"][client.cid])
         clip_grad_norm_(g, self.max_grad_norm)  # the whole objective's gradient, as the official code
+
+    def batched_correction(self, clients: list[Client], w_global: torch.Tensor
+                           ) -> Callable[[torch.Tensor, torch.Tensor, int], None]:
+        drift = lane_stack(self.state["h"], clients, w_global) if self.alpha != 0 else None
+        own_grad = lane_stack(self.state["g_k"], clients, w_global) if self.grad_correction else None
+
+        def correct(w: torch.Tensor, g: torch.Tensor, t: int) -> None:
+            if drift is not None:
+                g.add_(w - w_global, alpha=self.alpha)
+                g.add_(drift, alpha=self.alpha)
+            if own_grad is not None:
+                g.add_(self.state["g"])
+                g.sub_(own_grad)
+            clip_grad_norm_(g, self.max_grad_norm)  # each lane to its own norm
+
+        return correct
 
     def upload(self, client: Client, w_end: torch.Tensor) -> dict[str, torch.Tensor]:
         out = super().upload(client, w_end)

@@ -18,11 +18,12 @@ alpha = 0 with ``max_grad_norm=0`` is FedAvg exactly: every extra term is skippe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 
-from fedrepro.algorithms.base import Algorithm, Client, EvaluatedModel, clip_grad_norm_
+from fedrepro.algorithms.base import Algorithm, Client, EvaluatedModel, clip_grad_norm_, lane_stack
 from fedrepro.plugins import NonNegative
 
 if TYPE_CHECKING:
@@ -52,6 +53,20 @@ class FedDyn(Algorithm):
         clip_grad_norm_(g, self.max_grad_norm)
         if self.alpha != 0:
             g.add_(w, alpha=self.alpha)  # the proximal term's alpha w: the official code's weight decay
+
+    def batched_correction(self, clients: list[Client], w_global: torch.Tensor
+                           ) -> Callable[[torch.Tensor, torch.Tensor, int], None]:
+        grad_k = lane_stack(self.state["grad"], clients, w_global)
+
+        def correct(w: torch.Tensor, g: torch.Tensor, t: int) -> None:
+            g.sub_(grad_k)
+            if self.alpha != 0:
+                g.sub_(w_global, alpha=self.alpha)
+            clip_grad_norm_(g, self.max_grad_norm)  # each lane to its own norm
+            if self.alpha != 0:
+                g.add_(w, alpha=self.alpha)
+
+        return correct
 
     def upload(self, client: Client, w_end: torch.Tensor) -> dict[str, torch.Tensor]:
         out = super().upload(client, w_end)

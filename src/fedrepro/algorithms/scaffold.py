@@ -20,12 +20,13 @@ every client has been sampled once (about 25 rounds for 10 of 60 clients): a ran
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from fedrepro.algorithms.base import Algorithm, Client
+from fedrepro.algorithms.base import Algorithm, Client, lane_stack
 from fedrepro.plugins import Positive
 from fedrepro.sim.flat import FlatModel
 
@@ -55,6 +56,16 @@ class Scaffold(Algorithm):
             self._corrections[client.cid] = self.state["c"] - self._c_local(client.cid)
         first = client.steps == 0 or not self.training.momentum
         g.add_(self._corrections[client.cid], alpha=1.0 if first else 1.0 - self.training.momentum)
+
+    def batched_correction(self, clients: list[Client], w_global: torch.Tensor
+                           ) -> Callable[[torch.Tensor, torch.Tensor, int], None]:
+        corrections = self.state["c"] - lane_stack(self.state["c_local"], clients, self.state["c"])
+        damped = 1.0 - self.training.momentum if self.training.momentum else 1.0
+
+        def correct(w: torch.Tensor, g: torch.Tensor, t: int) -> None:
+            g.add_(corrections, alpha=1.0 if t == 0 else damped)  # every lane steps for the t-th time
+
+        return correct
 
     def upload(self, client: Client, w_end: torch.Tensor) -> dict[str, torch.Tensor]:
         c_k = self._c_local(client.cid)

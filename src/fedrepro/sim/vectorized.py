@@ -44,14 +44,35 @@ def train_side_by_side(run: FederatedRun, cids: list[int], rnd: int,
     return [(uploads[i], loss_sums[i], seen[i]) for i in range(len(cids))]
 
 
+def round_schedule(schedules: list[list[torch.Tensor]], batch_size: int,
+                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every local step of the lanes at once, built on the host and moved to ``device`` in one go: index batches
+    [steps, lanes, batch] (a lane's short or missing batch padded with index 0), their masks (1 for a real sample)
+    and which lanes still step [steps, lanes, 1] (a finished lane stays where it is)."""
+    m, steps = len(schedules), max(len(s) for s in schedules)
+    idx = torch.zeros(steps, m, batch_size, dtype=torch.long)
+    mask = torch.zeros(steps, m, batch_size)
+    for i, schedule in enumerate(schedules):
+        for t, batch in enumerate(schedule):
+            idx[t, i, : len(batch)] = batch.cpu()
+            mask[t, i, : len(batch)] = 1.0
+    live = torch.tensor([[[float(t < len(s))] for s in schedules] for t in range(steps)])
+    return idx.to(device), mask.to(device), live.to(device)
+
+
 def local_steps_side_by_side(run: FederatedRun, clients: list[Client], schedules: list[list[torch.Tensor]],
                              w_global: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """The clients' optimiser steps, lane i over the index batches ``schedules[i]``, all from ``w_global``:
     (final parameters [m, P], summed batch loss per lane, samples seen per lane). No upload: the engine
-    probe (sim/engine_choice.py) times these steps alone."""
+    probe (sim/engine_choice.py) times these steps alone. Nothing inside a step reads a device value back on the
+    host: the round's batches, masks and live lanes are device tensors built once (``round_schedule``), what the
+    host counts (samples seen, each client's steps) it counts from the schedules, and a method with a batched
+    gradient correction (``Algorithm.batched_correction``) corrects every lane in one pass."""
     cfg, alg, flat = run.cfg, run.alg, run.flat
-    dev, m, bsz = w_global.device, len(clients), cfg.batch_size
-    lengths = torch.tensor([len(s) for s in schedules], device=dev)
+    dev, m = w_global.device, len(clients)
+    lengths = [len(s) for s in schedules]
+    idx_all, mask_all, live_all = round_schedule(schedules, cfg.batch_size, dev)
+    live_all = live_all.to(w_global.dtype)
 
     extras_per_client = [alg.loss_extras(c) for c in clients]
     extras = {k: torch.stack([e[k] for e in extras_per_client]) for k in extras_per_client[0]}
@@ -61,28 +82,24 @@ def local_steps_side_by_side(run: FederatedRun, clients: list[Client], schedules
 
     step_fn = vmap(grad_and_value(lane_loss))
     w = w_global.expand(m, -1).clone()
+    correct = alg.batched_correction(clients, w_global)
     optimizer = cfg.local_optimizer(clients[0].round)  # one for all lanes: they start and step together
     loss_sums = torch.zeros(m, device=dev, dtype=w.dtype)  # the model's dtype: float64 in the exact tests
-    seen = [0] * m
     x_all, y_all = run.data.x_train, run.data.y_train
-    for t in range(int(lengths.max())):
-        idx = torch.zeros(m, bsz, dtype=torch.long, device=dev)
-        mask = torch.zeros(m, bsz, device=dev)
-        active = []
-        for i, schedule in enumerate(schedules):
-            if t < len(schedule):
-                batch = schedule[t]
-                idx[i, : len(batch)] = batch
-                mask[i, : len(batch)] = 1.0
-                active.append(i)
+    for t in range(max(lengths)):
+        idx, mask = idx_all[t], mask_all[t]
         g, losses = step_fn(w, x_all[idx], y_all[idx], mask, extras)
         with torch.no_grad():
-            for i in active:
-                alg.correct_grad(w[i], g[i], clients[i])
-            live = (lengths > t).to(w.dtype).unsqueeze(1)  # finished clients stay where they are
-            optimizer.step(w, g, live)
+            if correct is not None:
+                correct(w, g, t)  # every lane: a finished lane's gradient moves nothing (live below)
+            else:
+                for i in range(m):
+                    if t < lengths[i]:
+                        alg.correct_grad(w[i], g[i], clients[i])
+            optimizer.step(w, g, live_all[t])
             loss_sums += losses * mask.sum(1)
-        for i in active:
-            seen[i] += int(mask[i].sum())
-            clients[i].steps += 1
+        for i in range(m):
+            if t < lengths[i]:
+                clients[i].steps += 1
+    seen = [sum(len(batch) for batch in schedule) for schedule in schedules]
     return w, loss_sums, seen
