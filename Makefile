@@ -35,7 +35,7 @@ run: $(VENV)/.installed fashion-mnist
 test: $(VENV)/.installed browser fashion-mnist
 	$(WITH_KERNELS) $(BIN)/python -m pytest -q -n $(CORES) --dist loadfile
 
-# Headless Chromium for tests/test_report_browser.py: installed with apt-get where missing and we are root
+# Headless Chromium for tests/report/test_report_browser.py: installed with apt-get where missing and we are root
 # (CI); elsewhere that test is skipped with the reason.
 browser:
 	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \

@@ -4,7 +4,7 @@
     python benchmarks/pool_order.py --batch 10 --shape 32 32 3
 
 Both orders share one set of parameters and give the same outputs and gradients bit for bit
-(tests/test_models.py), so the only difference is time. Times are CPU seconds of this process
+(tests/models/test_models.py), so the only difference is time. Times are CPU seconds of this process
 (time.process_time), so another job on the machine does not bias the ratio; the two orders alternate in
 blocks, and the median block is printed.
 """

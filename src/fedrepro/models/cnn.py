@@ -28,7 +28,7 @@ def _after_conv_pool(size: int, kernel: int, padding: int) -> int:
 
 def papers_order(body: nn.Sequential) -> nn.Sequential:
     """The same modules (shared parameters) with each max-pool + ReLU pair back in the papers' ReLU, pool order:
-    the reference that tests/test_models.py and benchmarks/pool_order.py hold the pool-first models against."""
+    the reference that tests/models/test_models.py and benchmarks/pool_order.py hold the pool-first models against."""
     mods = list(body)
     for i in range(len(mods) - 1):
         if isinstance(mods[i], nn.MaxPool2d) and isinstance(mods[i + 1], nn.ReLU):
@@ -42,7 +42,7 @@ def _two_conv_mlp(
     """conv5x5 maxpool2 ReLU (x2), flatten, then Linear+ReLU per ``hidden`` width; returns (body, dim).
 
     Each block pools before its ReLU: max-pooling commutes with any non-decreasing function, so the outputs and
-    gradients are those of the papers' conv-ReLU-pool order bit for bit (tests/test_models.py), and the ReLU and
+    gradients are those of the papers' conv-ReLU-pool order bit for bit (tests/models/test_models.py), and the ReLU and
     its backward touch a quarter of the values (a training step of the simple CNN 0.80-0.93x on one CPU core:
     benchmarks/pool_order.py). Parameter names are unchanged (body.0, body.3, body.7, ...).
     """

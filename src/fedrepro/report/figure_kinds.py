@@ -15,7 +15,7 @@
 Adding a kind is one entry here (its drawing code may live in any ``figures_*`` module) plus its name and options
 in workflow/schemas/study.schema.yaml (the `kind` enum, the keys it requires in the `allOf` below it, and any
 option of its own under the figure's `properties`): the schema stays the one place a study file's keys are
-declared, and tests/test_figure_kinds.py checks the two agree.
+declared, and tests/report/test_figure_kinds.py checks the two agree.
 
 One module of entries, not one module per kind discovered like methods: the kinds share parts (the aggregated
 table they read, runs drawn as `settings` x `methods`, a renderer of one table), each part is a few lines, and

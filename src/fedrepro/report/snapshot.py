@@ -9,7 +9,7 @@ scorecard's line, from each study's summary.csv), the wall time measured by whoe
 train-job seconds (the split of that time). A run missing any table or figure, or whose train jobs did not run
 the config's current specs, is refused with the names of what is missing: a snapshot is of one whole run or of
 nothing. runs.json records each train job's spec digest and seeds, provenance.json each study's commit, wall
-time, job seconds and machines; tests/test_snapshot.py checks the committed snapshot against the config with
+time, job seconds and machines; tests/report/test_snapshot.py checks the committed snapshot against the config with
 ``snapshot_problems`` and ``stale_runs``, so it cannot fall behind the config silently.
 
     python -m fedrepro.report.snapshot --configfile config/laptop-full.yaml --out docs/results/laptop-full \

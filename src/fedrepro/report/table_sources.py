@@ -14,7 +14,7 @@
   by their best accuracy over rounds).
 
 Adding a source is one entry here plus its name in the `source` enum of workflow/schemas/study.schema.yaml
-(tests/test_figure_kinds.py checks the two agree). Light on imports, as fedrepro.report.figure_kinds.
+(tests/report/test_figure_kinds.py checks the two agree). Light on imports, as fedrepro.report.figure_kinds.
 """
 
 from __future__ import annotations

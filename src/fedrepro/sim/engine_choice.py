@@ -9,7 +9,7 @@ clients as fit in ``HEADROOM`` of the device's free memory train at once (at mos
 ``side_by_side`` and the clients sampled per round), and side by side is kept only where one step of them
 beats as many steps one at a time (``choose_engine``). The probe uploads nothing and leaves the model, its
 buffers and torch's RNG streams as it found them, so a seed's results are those of the chosen engine run
-alone (the two engines agree to float rounding: tests/test_vectorized.py).
+alone (the two engines agree to float rounding: tests/sim/test_vectorized.py).
 
 The headroom leaves room for what the first round does not hold yet: per-client state that grows as
 clients first train (SCAFFOLD's control variates, FedDyn's gradients: clients x parameters x 4 bytes)

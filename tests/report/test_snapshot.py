@@ -1,0 +1,179 @@
+"""The results snapshot (fedrepro.report.snapshot): copies one complete run, refuses a partial or stale one by name."""
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from support.common import laptop_full_config
+
+from fedrepro.config import REPO, grid_runs, merge_configfiles, resolve_config
+from fedrepro.report.integrity import write_checked_csv
+from fedrepro.report.scorecard import render_markdown, score_table
+from fedrepro.report.snapshot import (
+    main,
+    refresh,
+    run_digests,
+    snapshot,
+    snapshot_files,
+    snapshot_problems,
+    splice_scorecard,
+    stale_runs,
+)
+
+
+@pytest.fixture
+def config():
+    """The embedded default, resolved: FedDisco's 2 train jobs, 2 tables and 2 figures."""
+    return resolve_config(merge_configfiles(REPO / "config/config.yaml"))
+
+
+def fake_run(root: Path, config: dict, tag: str = "", seconds: float = 900.0, cpu: str = "Some CPU") -> None:
+    """What a finished run of ``config`` leaves: its artifacts (a scorecard with a section per study), each job's
+    seeds.json and checkpoint markers, and each study's summary.csv (one row a run, with the machine it ran on)."""
+    for study, spec in config["studies"].items():
+        rows = [{"setting": s, "method": m, "seed": seed, "cpu": cpu, "cpu_capability": "AVX2"}
+                for s, m in grid_runs(spec) for seed in spec["seeds"]]
+        (root / study).mkdir(parents=True, exist_ok=True)
+        write_checked_csv(pd.DataFrame(rows), root / study / "summary.csv")
+    for f in snapshot_files(config):
+        (root / f).parent.mkdir(parents=True, exist_ok=True)
+        (root / f).write_text(f"content of {f} {tag}")
+    n = len(config["studies"])
+    sections = [[f"## {study}", "", "Published cells shown: 1 / 10.", "", f"cells of {study} {tag}", "",
+                 "### Convergence", "", f"plateaus of {study} {tag}", ""] for study in config["studies"]]
+    (root / "scorecard.md").write_text("\n".join(
+        ["# Scorecard", "", f"Published cells shown, all studies (embedded scale): {n} / {10 * n}.", "",
+         *(line for section in sections for line in section)]))
+    for job, digest in run_digests(config).items():
+        study, setting, method = job.split("/")
+        runs = [{"dir": f"seed{s}", "seed": s, "status": "complete"} for s in config["studies"][study]["seeds"]]
+        folder = root / study / "runs" / setting / method
+        folder.mkdir(parents=True)
+        (folder / "seeds.json").write_text(json.dumps({"job_seconds": seconds, "runs": runs}))
+        marks = root / study / "checkpoints" / setting / method / digest.split()[0]
+        marks.mkdir(parents=True)
+        (marks / "seed0.done.json").write_text("{}")
+
+
+def test_a_complete_run_is_copied_with_where_it_came_from(tmp_path, config):
+    fake_run(tmp_path / "results", config)
+    out = tmp_path / "snap"
+    (out / "old-study").mkdir(parents=True)  # an older snapshot's leftovers go
+    written = snapshot(config, tmp_path / "results", out, ["config/x.yaml"], "1 h 30 min", commit="abc123")
+    assert sorted(p.relative_to(out).as_posix() for p in written) == sorted(
+        ["README.md", "runs.json", "provenance.json", *(f.as_posix() for f in snapshot_files(config))])
+    assert "feddisco/tables/table1.md" in {p.relative_to(out).as_posix() for p in written}
+    assert (out / "feddisco/tables/table1.md").read_text() == "content of feddisco/tables/table1.md "
+    assert not (out / "old-study").exists()
+    readme = (out / "README.md").read_text()
+    assert "`abc123`" in readme and "1 h 30 min" in readme and "`config/x.yaml`" in readme
+    assert "Some CPU (AVX2): 6 runs" in readme  # 2 jobs x 3 seeds
+    assert "| feddisco | 2 | 0.50 |" in readme and "| all | | 0.50 |" in readme  # 2 x 900 s
+    assert "(feddisco/tables/table1.md)" in readme and "(feddisco/figures/curves.png)" in readme
+    assert stale_runs(config, json.loads((out / "runs.json").read_text())) == []
+
+
+def test_a_run_missing_a_figure_or_of_another_spec_is_refused_by_name_and_nothing_is_copied(tmp_path, config):
+    fake_run(tmp_path / "results", config)
+    (tmp_path / "results/feddisco/figures/curves.png").unlink()
+    config["studies"]["feddisco"]["methods"]["fedavg"]["hparams"]["x"] = 1  # the config moved on after the run
+    with pytest.raises(SystemExit) as err:
+        snapshot(config, tmp_path / "results", tmp_path / "snap", ["c.yaml"], "1 h", commit="abc")
+    assert "feddisco/figures/curves.png: missing" in str(err.value)
+    assert "checkpoints/niid2/fedavg/" in str(err.value)
+    assert "no finished seed of the config's run spec" in str(err.value)
+    assert "fedavg-disco" not in str(err.value)
+    assert not (tmp_path / "snap").exists()
+
+
+def test_a_changed_run_spec_or_seed_list_makes_the_snapshot_stale_by_name(config):
+    recorded = run_digests(config)
+    config["studies"]["feddisco"]["settings"]["niid2"]["partition"]["samples"] = 100
+    assert stale_runs(config, recorded) == ["feddisco/niid2/fedavg: its spec changed since the snapshot",
+                                            "feddisco/niid2/fedavg-disco: its spec changed since the snapshot"]
+    config["studies"]["feddisco"]["seeds"] = [0, 1]
+    assert len(stale_runs(config, recorded)) == 2
+    assert stale_runs(config, {}) == [f"{job}: not in the snapshot" for job in recorded]
+
+
+def test_an_empty_wall_time_is_refused_before_anything_is_read(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["--configfile", "config/laptop-full.yaml", "--out", str(tmp_path / "snap"), "--wall-time", " "])
+    assert "--wall-time is empty" in capsys.readouterr().err
+    assert not (tmp_path / "snap").exists()
+
+
+@pytest.mark.parametrize("name", ["laptop-full", "laptop-feddle-600"])
+def test_the_committed_snapshot_is_a_run_of_the_config_as_it_is(name):
+    """docs/results/<name>/ holds every table and figure of config/<name>.yaml, from train jobs of the specs and
+    seeds configured now: a change that moves its numbers fails here until it is regenerated (laptop-full: `make
+    snapshot-laptop-full`; README)."""
+    config = resolve_config(merge_configfiles("config/config.yaml", f"config/{name}.yaml", root=REPO))
+    snap = REPO / "docs/results" / name
+    assert snapshot_problems(config, snap) == []
+    assert stale_runs(config, json.loads((snap / "runs.json").read_text())) == []
+    provenance = json.loads((snap / "provenance.json").read_text())
+    assert sorted(provenance) == sorted(config["studies"])
+
+
+def scores_of(study: str, ours: list[float]) -> list:
+    """One scored table of ``study``: rows a, b, c in one column, 3 seeds each, with the claim "a is best"."""
+    spec = {"name": "t", "caption": "T", "paper_table": "Table 1", "metric": "best_acc",
+            "rows": [{"method": m, "label": m.upper()} for m in "abc"], "columns": [{"setting": "s", "label": "S"}],
+            "claims": [{"best": "a", "text": "a is best"}]}
+    cells = pd.DataFrame([{"row": m.upper(), "column": "S", "method": m, "setting": "s", "n_seeds": 3,
+                           "ours_mean": v, "ours_std": 0.5, "paper_mean": 72.0 - i, "paper_std": math.nan,
+                           "status": "ok"} for i, (m, v) in enumerate(zip("abc", ours, strict=True))])
+    return [score_table(study, spec, cells)]
+
+
+def test_a_spliced_scorecard_equals_the_one_rendered_from_every_study_at_once():
+    old_x, new_x, y = scores_of("x", [71, 70, 69]), scores_of("x", [74, 76, 75]), scores_of("y", [60, 61, 62])
+    old = render_markdown(old_x + y, "embedded", {"x": (1, 3), "y": (2, 5)})
+    alone = render_markdown(new_x, "embedded", {"x": (3, 3)})  # the refreshed study's run: its section only
+    spliced = splice_scorecard(old, alone, ["x"])
+    assert spliced == render_markdown(new_x + y, "embedded", {"x": (3, 3), "y": (2, 5)})
+    assert "all studies (embedded scale): 5 / 8." in spliced and spliced != old
+    with pytest.raises(SystemExit, match="no section for 'y'"):
+        splice_scorecard(old, alone, ["y"])
+
+
+def test_a_refresh_replaces_one_studys_files_and_keeps_every_other_studys_run(tmp_path):
+    config = resolve_config(laptop_full_config())
+    fake_run(tmp_path / "all", config, tag="first")
+    out = tmp_path / "snap"
+    snapshot(config, tmp_path / "all", out, ["config/laptop-full.yaml"], "4 h", commit="old")
+    (out / "feddisco/tables/older.md").write_text("a table the study no longer has")
+    only = {**config, "studies": {"feddisco": config["studies"]["feddisco"]}}
+    fake_run(tmp_path / "disco", only, tag="second", seconds=1800.0, cpu="Other CPU")
+    refresh(config, tmp_path / "disco", out, ["feddisco"], ["config/laptop-full.yaml"], "2 h", commit="new")
+    assert (out / "feddisco/tables/table1.md").read_text().endswith("second")
+    assert (out / "fedl2g/tables/table1.md").read_text().endswith("first")
+    assert not (out / "feddisco/tables/older.md").exists()
+    card = (out / "scorecard.md").read_text()
+    assert "cells of feddisco second" in card and "plateaus of feddisco first" not in card
+    assert "cells of fedl2g first" in card and "all studies (embedded scale): 5 / 50." in card
+    readme = (out / "README.md").read_text()
+    assert "- feddisco: commit `new`\n  - wall time: 2 h" in readme
+    assert "- fedl2g, fedgtst, feddle, feddle-fmnist: commit `old`\n  - wall time: 4 h" in readme
+    jobs = len(run_digests(only))
+    assert f"| feddisco | {jobs} | {jobs * 0.5:.2f} |" in readme and "Other CPU (AVX2): 123 runs" in readme
+    assert stale_runs(config, json.loads((out / "runs.json").read_text())) == []
+
+
+def test_a_refresh_from_an_incomplete_run_changes_nothing_and_names_what_is_missing(tmp_path):
+    config = resolve_config(laptop_full_config())
+    fake_run(tmp_path / "all", config, tag="first")
+    out = tmp_path / "snap"
+    snapshot(config, tmp_path / "all", out, ["config/laptop-full.yaml"], "4 h", commit="old")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    only = {**config, "studies": {"feddisco": config["studies"]["feddisco"]}}
+    fake_run(tmp_path / "disco", only, tag="second")
+    (tmp_path / "disco/feddisco/figures/fig4.png").unlink()
+    with pytest.raises(SystemExit, match="feddisco/figures/fig4.png: missing"):
+        refresh(config, tmp_path / "disco", out, ["feddisco"], ["c.yaml"], "2 h", commit="new")
+    with pytest.raises(SystemExit, match="unknown study 'feddiscoo'"):
+        refresh(config, tmp_path / "disco", out, ["feddiscoo"], ["c.yaml"], "2 h", commit="new")
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before

@@ -1,0 +1,203 @@
+"""The tuning stage (fedrepro.tuning, workflow/rules/tune.smk): a study's tuning stages become studies of their own,
+every grid point is scored by the study's metric over the tuning settings and seeds, each method's best point is
+chosen by a stated rule, and the choice reaches the later stages and the study's own runs, again when it changes."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from support.common import REPO
+
+from fedrepro.config import ConfigError, resolve_config, run_spec
+from fedrepro.tuning import TuningError, apply_choices, choose, point_scores, tuned_digest, write_choice
+
+STUDY = REPO / "tests" / "data" / "tuning_study.yaml"
+
+
+def resolved(study: dict | None = None) -> dict:
+    return resolve_config({"studies": {"tiny": study or yaml.safe_load(STUDY.read_text())}})
+
+
+# ---------------------------------------------------------------- the stages as studies of their own
+
+
+def test_each_stage_is_a_study_of_its_grid_on_the_tuning_seeds_with_the_earlier_choices():
+    config = resolved()
+    stages = config["tuning_studies"]
+    assert list(stages) == ["tiny--tune-clients", "tiny--tune-prox"]
+    clients, prox = stages.values()
+    assert clients["seeds"] == prox["seeds"] == [10] and list(clients["settings"]) == ["iid"]
+    assert sorted(clients["methods"]) == ["fedavg-lr0.001", "fedavg-lr0.1"] and not clients["tables"]
+    assert run_spec(clients, "iid", "fedavg-lr0.1")["training"]["lr"] == 0.1
+    assert "tuned" not in run_spec(clients, "iid", "fedavg-lr0.1")  # the first stage trains with nothing tuned
+    # the second stage's points train with the first stage's choice of the clients' lr
+    assert run_spec(prox, "iid", "fedprox-mu1.0")["tuned"] == [{"study": "tiny", "stage": "clients", "method": "*"}]
+    assert run_spec(prox, "iid", "fedprox-mu1.0")["hparams"]["mu"] == 1.0
+    # and the study's own runs with every stage that applies to their method
+    own = config["studies"]["tiny"]
+    assert run_spec(own, "iid", "fedavg")["tuned"] == [{"study": "tiny", "stage": "clients", "method": "*"}]
+    assert run_spec(own, "iid", "fedprox")["tuned"] == [{"study": "tiny", "stage": "clients", "method": "*"},
+                                                          {"study": "tiny", "stage": "prox", "method": "fedprox"}]
+    assert config["studies"]["tiny"]["seeds"] == [0, 1]
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda s: s["tuning"].update(seeds=[1, 10]), "tuning.seeds: [1] are reported seeds of the study"),
+    (lambda s: s["tuning"].update(settings=["iidd"]), "tuning.settings: unknown setting 'iidd' (did you mean 'iid'?)"),
+    (lambda s: s["tuning"]["stages"][1]["grids"].update(fedprx={"hparams.mu": [1.0]}),
+     "tuning.stages.1.grids.fedprx: unknown method 'fedprx'"),
+    (lambda s: s["tuning"]["stages"][0]["grids"]["fedavg"].update({"hparams.x": [1]}),
+     "a stage that applies to all methods tunes one method's training keys"),
+    (lambda s: s["tuning"]["stages"][1]["grids"]["fedprox"].update({"training.lr": [0.5]}),
+     "tuning.stages.1.grids.fedprox: ['training.lr'] were chosen by an earlier stage for this method"),
+    (lambda s: s["methods"]["fedprox"].update(training={"lr": 0.2}),
+     "tuning.stages: methods.fedprox: ['training.lr'] are set by the method and chosen by a tuning stage"),
+])
+def test_a_tuning_that_cannot_say_what_its_runs_train_with_is_refused_naming_the_key(edit, message):
+    study = yaml.safe_load(STUDY.read_text())
+    edit(study)
+    with pytest.raises(ConfigError, match=_escaped(message)):
+        resolved(study)
+
+
+def _escaped(text: str) -> str:
+    import re
+
+    return re.escape(text)
+
+
+# ---------------------------------------------------------------- scoring and choosing
+
+STAGE = {"study": "s", "stage": "server", "applies_to": "own", "metric": "best_acc", "settings": ["a", "b"],
+         "seeds": [7, 8],
+         "variants": {"m-x1": {"method": "m", "values": {"hparams.x": 1}},
+                      "m-x2": {"method": "m", "values": {"hparams.x": 2}},
+                      "m-x3": {"method": "m", "values": {"hparams.x": 3}},
+                      "n-y1": {"method": "n", "values": {"hparams.y": 1}}}}
+
+
+def frames(best: dict[str, list[float]], diverged: set[tuple[str, str, int]] = frozenset()):
+    """(runs, summary) of the stage's runs: best accuracy per variant over (a, 7), (a, 8), (b, 7), (b, 8)."""
+    rows = []
+    for variant, values in best.items():
+        for (setting, seed), value in zip([("a", 7), ("a", 8), ("b", 7), ("b", 8)], values, strict=True):
+            status = "diverged" if (variant, setting, seed) in diverged else "complete"
+            rows.append({"study": "s", "setting": setting, "method": variant, "seed": seed, "status": status,
+                         "best_acc": value, "last_k": 2})
+    summary = pd.DataFrame(rows)
+    runs = summary.assign(round=1, test_acc=summary["best_acc"])[["study", "setting", "method", "seed", "round",
+                                                                  "test_acc"]]
+    return runs, summary
+
+
+def test_a_point_scores_its_metric_averaged_over_every_setting_and_seed_and_the_best_is_chosen():
+    runs, summary = frames({"m-x1": [60, 62, 70, 72], "m-x2": [61, 63, 71, 77], "m-x3": [90, 90, 10, 10],
+                            "n-y1": [50, 50, 50, 50]})
+    scores = point_scores(STAGE, runs, summary)
+    assert scores.set_index("variant")["score"].to_dict() == {"m-x1": 66.0, "m-x2": 68.0, "m-x3": 50.0,
+                                                               "n-y1": 50.0}
+    assert scores.set_index("variant").loc["m-x3", "score[a]"] == 90.0  # a column alone would have picked it
+    chosen = choose(STAGE, scores)
+    assert chosen == {"m": {"variant": "m-x2", "values": {"hparams.x": 2}, "score": 68.0},
+                      "n": {"variant": "n-y1", "values": {"hparams.y": 1}, "score": 50.0}}
+
+
+def test_equal_scores_choose_the_first_point_and_a_diverged_run_is_never_chosen():
+    runs, summary = frames({"m-x1": [60] * 4, "m-x2": [60] * 4, "m-x3": [99] * 4, "n-y1": [50] * 4},
+                           diverged={("m-x3", "b", 8)})
+    scores = point_scores(STAGE, runs, summary)
+    assert math.isnan(scores.set_index("variant").loc["m-x3", "score"])
+    assert choose(STAGE, scores)["m"]["variant"] == "m-x1"
+    runs, summary = frames({"m-x1": [60] * 4, "m-x2": [60] * 4, "m-x3": [99] * 4, "n-y1": [50] * 4},
+                           diverged={(v, "a", 7) for v in ("m-x1", "m-x2", "m-x3")})
+    with pytest.raises(TuningError, match="every grid point of m has a diverged run"):
+        choose(STAGE, point_scores(STAGE, runs, summary))
+
+
+def test_a_point_missing_a_run_is_refused_by_name():
+    runs, summary = frames({"m-x1": [60] * 4, "m-x2": [60] * 4, "m-x3": [99] * 4, "n-y1": [50] * 4})
+    keep = ~((summary["method"] == "m-x2") & (summary["setting"] == "b") & (summary["seed"] == 8))
+    with pytest.raises(TuningError, match="grid point m-x2 has no run of b seed 8"):
+        point_scores(STAGE, runs[keep.to_numpy()], summary[keep])
+
+
+def test_the_choice_reaches_a_run_spec_and_its_fingerprint(tmp_path):
+    runs, summary = frames({"m-x1": [60] * 4, "m-x2": [70] * 4, "m-x3": [65] * 4, "n-y1": [50] * 4})
+    out = tmp_path / "server.json"
+    write_choice(STAGE, runs, summary, out, tmp_path / "server.csv", tmp_path / "server.md")
+    assert "| **2** | **70.00** |" in (tmp_path / "server.md").read_text()
+    assert len(pd.read_csv(tmp_path / "server.csv")) == 4  # every grid point's score is kept
+    spec = {"study": "s", "setting": "a", "method": "m", "hparams": {"x": 0}, "training": {"lr": 0.1},
+            "tuned": [{"study": "s", "stage": "server", "method": "m"}]}
+    tuned = apply_choices(spec, {("s", "server"): out})
+    assert tuned["hparams"] == {"x": 2} and spec["hparams"] == {"x": 0}  # the spec handed in is left as it was
+    assert tuned["tuned"] == [{"study": "s", "stage": "server", "method": "m", "values": {"hparams.x": 2}}]
+    again = json.loads(out.read_text())
+    again["chosen"]["m"]["values"] = {"hparams.x": 3}
+    out.write_text(json.dumps(again))
+    retuned = apply_choices(spec, {("s", "server"): out})
+    assert retuned["hparams"] == {"x": 3} and tuned_digest(retuned) != tuned_digest(tuned)
+    assert apply_choices({"hparams": {}}, {}) == {"hparams": {}}  # nothing tuned: as it is
+    with pytest.raises(TuningError, match="no choice for method 'q'"):
+        apply_choices({**spec, "tuned": [{"study": "s", "stage": "server", "method": "q"}]}, {("s", "server"): out})
+
+
+# ---------------------------------------------------------------- through Snakemake
+
+
+def snakemake(root: Path) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "2",
+                           "--directory", str(root), "--configfile", str(root / "config.yaml")],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return proc
+
+
+def final_runs(res: Path) -> dict[str, dict]:
+    return {f"{m}/{s}": json.loads((res / f"runs/iid/{m}/seed{s}/summary.json").read_text())
+            for m in ("fedavg", "fedprox") for s in (0, 1)}
+
+
+@pytest.mark.slow
+def test_the_stages_choices_reach_the_final_runs_and_a_changed_choice_trains_them_again(tmp_path):
+    root = tmp_path / "tune"
+    root.mkdir()
+    shutil.copy(STUDY, root / "study.yaml")
+    (root / "config.yaml").write_text(yaml.safe_dump({"studies": {"tiny": str(root / "study.yaml")}}))
+    snakemake(root)
+    res = root / "results" / "tiny"
+    clients = json.loads((res / "tuning/clients.json").read_text())
+    prox = json.loads((res / "tuning/prox.json").read_text())
+    assert clients["chosen"]["fedavg"]["values"] == {"training.lr": 0.1}  # 0.001 barely moves in 3 rounds
+    mu = prox["chosen"]["fedprox"]["values"]["hparams.mu"]
+    assert "| **0.1** |" in (res / "tuning/clients.md").read_text()
+    # the second stage trained with the first stage's choice
+    second = json.loads((root / "results/tiny--tune-prox/runs/iid/fedprox-mu1.0/seed10/summary.json").read_text())
+    assert second["config"]["training"]["lr"] == 0.1 and second["config"]["hparams"]["mu"] == 1.0
+    before = final_runs(res)
+    for key, run in before.items():
+        assert run["config"]["training"]["lr"] == 0.1, key
+    assert before["fedprox/0"]["config"]["hparams"]["mu"] == mu
+
+    # the first stage's grid changes: its choice does, and every run after it trains again with the new one
+    study = yaml.safe_load((root / "study.yaml").read_text())
+    study["tuning"]["stages"][0]["grids"]["fedavg"]["training.lr"] = [0.02]
+    (root / "study.yaml").write_text(yaml.safe_dump(study))
+    snakemake(root)
+    assert json.loads((res / "tuning/clients.json").read_text())["chosen"]["fedavg"]["values"] == {"training.lr": 0.02}
+    after = final_runs(res)
+    for key, run in after.items():
+        assert run["config"]["training"]["lr"] == 0.02, key
+        assert run["best_acc"] != before[key]["best_acc"] or run["final_acc"] != before[key]["final_acc"], key
+    second = json.loads((root / "results/tiny--tune-prox/runs/iid/fedprox-mu1.0/seed10/summary.json").read_text())
+    assert second["config"]["training"]["lr"] == 0.02
+    assert copy.deepcopy(after["fedprox/1"]["config"]["tuned"][0]["values"]) == {"training.lr": 0.02}
