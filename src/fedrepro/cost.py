@@ -31,12 +31,13 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from fedrepro.asyncfl.methods import build_method, feddle
-from fedrepro.config import REPO, grid_runs, load_yaml, resolve_config, run_spec
+from fedrepro.config import REPO, load_yaml, resolve_config
 from fedrepro.data.registry import SHAPES as DATASETS
 from fedrepro.data.registry import TEST_SIZES
 from fedrepro.models import TEXT_MODELS, build_model
 from fedrepro.sim.batches import batches_per_epoch
 from fedrepro.sim.tensors import inference_batch
+from fedrepro.study import grid_runs, run_spec
 
 GPU_INFERENCE_BATCH = inference_batch(torch.device("cuda"))  # the forward-only passes' batch on a GPU
 SHOWN_METHODS = 6  # per study, the methods with the most server GPU-hours are printed

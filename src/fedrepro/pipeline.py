@@ -231,9 +231,9 @@ def scorecard(tables: list[dict], cell_csvs: list[Path], scale: str, md_out: Pat
     for its convergence section, which must hold every seed (the specs' ``seeds``) of every run the study's
     tables show; ``papers``: study -> its paper's key (the trials behind the published sds); ``figures``: study
     -> its figures' job specs (their per-run numbers judge the runs' plateau too)."""
-    from fedrepro.config import table_runs
     from fedrepro.report.scorecard import build_scorecard
     from fedrepro.report.table_sources import table_source
+    from fedrepro.study import table_runs
 
     shown: dict[str, tuple[list[tuple[str, str]], list[int] | None]] = {}
     for t in tables:

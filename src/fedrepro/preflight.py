@@ -53,17 +53,10 @@ from typing import Any
 
 import numpy as np
 
-from fedrepro.config import (
-    REPO,
-    grid_runs,
-    job_resources,
-    merge_configfiles,
-    resolve_config,
-    run_spec,
-    transfer_runs,
-)
+from fedrepro.config import REPO, merge_configfiles, resolve_config
 from fedrepro.cost import model_input
 from fedrepro.io import atomic_write, atomic_write_json
+from fedrepro.study import grid_runs, job_resources, run_spec, transfer_runs
 
 PREFLIGHT_ROUNDS = 2
 HETERO_BATCHES = 3  # batches a hetero client holds in a preflight run (75% of them train)
@@ -108,7 +101,7 @@ def shape_key(spec: dict) -> str:
 
 def job_groups(config: dict) -> list[Group]:
     """Every train job of ``config`` in groups of one shape, in study and grid order."""
-    from fedrepro.config import finetune_spec
+    from fedrepro.study import finetune_spec
 
     groups: dict[str, Group] = {}
     for name, study in config["studies"].items():

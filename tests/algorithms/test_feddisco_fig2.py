@@ -77,7 +77,8 @@ def test_probe_weightings_refuse_bad_options_at_set_up_and_unsampled_clients() -
 
 
 def test_schema_takes_each_kinds_own_options_only() -> None:
-    from fedrepro.config import ConfigError, validate
+    from fedrepro.config import validate
+    from fedrepro.study import ConfigError
 
     def method(weighting: dict) -> dict:
         return {"settings": {"s": {"dataset": "d", "model": "m", "partition": {"kind": "iid", "clients": 2}}},
@@ -109,8 +110,8 @@ def study() -> dict:
 
 
 def test_paper_study_runs_33_pair_and_10_single_one_round_probes_on_cifar10_niid1(study) -> None:
-    from fedrepro.config import grid_runs, run_spec
     from fedrepro.report.figure_kinds import weight_probe_cells
+    from fedrepro.study import grid_runs, run_spec
 
     probes = [(s, m) for s, m in grid_runs(study) if m.startswith(("fedavg-pair-", "fedavg-single-"))]
     assert len(probes) == 43 and {s for s, _ in probes} == {"c10-niid1"}
@@ -139,7 +140,7 @@ def _study_with(raw_edit) -> None:
 
 
 def test_probe_runs_that_may_miss_their_clients_or_name_absent_ones_are_refused() -> None:
-    from fedrepro.config import ConfigError
+    from fedrepro.study import ConfigError
 
     def partial(raw):
         raw["methods"]["fedavg-single"]["training"]["join_ratio"] = 0.5

@@ -83,7 +83,7 @@ def small_fashion_mnist() -> tuple[dict[str, bytes], tuple[np.ndarray, ...]]:
     rng = np.random.default_rng(15)
     x_tr, x_te = (rng.integers(0, 256, (n, 28, 28), dtype=np.uint8) for n in (12, 4))
     y_tr, y_te = (rng.integers(0, 10, n).astype(np.uint8) for n in (12, 4))
-    payloads = dict(zip(vision._IDX, map(idx, (x_tr, y_tr, x_te, y_te)), strict=True))
+    payloads = dict(zip(vision.IDX_FILES, map(idx, (x_tr, y_tr, x_te, y_te)), strict=True))
     return payloads, (x_tr[..., None], y_tr, x_te[..., None], y_te)
 
 
@@ -207,7 +207,7 @@ def test_damaged_local_copy_is_refused_and_left_alone(
     for fname, payload in payloads.items():
         files[fname] = publisher_gz(payload)
         (local / fname).write_bytes(repackaged_gz(payload))
-    first = vision._IDX[0]
+    first = vision.IDX_FILES[0]
     bad = repackaged_gz(payloads[first])
     bad = bad[: len(bad) // 2] if damage == "truncated" else repackaged_gz(payloads[first][:-1] + b"\x01")
     (local / first).write_bytes(bad)

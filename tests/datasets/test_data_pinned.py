@@ -18,9 +18,10 @@ import pytest
 from support.files import FileServer, md5
 
 from fedrepro import pipeline
-from fedrepro.config import ConfigError, validate
+from fedrepro.config import validate
 from fedrepro.data.download import ChecksumError, DownloadError, fetch
 from fedrepro.data.registry import download_dataset, get_spec, raw_files
+from fedrepro.study import ConfigError
 
 DOWNLOADED = [("femnist", "by_class.zip", "79572b1694a8506f2b722c7be54130c4"),
               ("femnist", "by_write.zip", "a29f21babf83db0bb28a2f77b2b456cb"),

@@ -9,8 +9,9 @@ import pytest
 import torch
 from support.images import CPU, image_set
 
-from fedrepro.config import ConfigError, load_yaml, resolve_config, run_spec, spec_digest
+from fedrepro.config import load_yaml, resolve_config
 from fedrepro.sim.tensors import to_device_data
+from fedrepro.study import ConfigError, run_spec, spec_digest
 
 
 def test_default_standardises_each_channel_with_the_training_split() -> None:

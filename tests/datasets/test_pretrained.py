@@ -304,10 +304,11 @@ def test_train_job_builds_the_model_with_the_specs_weights(tmp_path: Path, monke
 
     from fedrepro import models
     from fedrepro.asyncfl import job
-    from fedrepro.config import resolve_config, run_spec
+    from fedrepro.config import resolve_config
     from fedrepro.data.registry import prepare_dataset
     from fedrepro.partition import make_partition, partition_stats, save_partition
     from fedrepro.pipeline import train
+    from fedrepro.study import run_spec
 
     seen: list[object] = []
 

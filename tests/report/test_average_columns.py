@@ -12,12 +12,14 @@ import pytest
 import yaml
 from support.common import REPO, laptop_full_config
 
-from fedrepro.config import ConfigError, average_column_problems, resolve_config
+from fedrepro.checks import average_column_problems
+from fedrepro.config import resolve_config
 from fedrepro.report.convergence import accuracy_cells
 from fedrepro.report.coverage import published_keys, shown_keys
 from fedrepro.report.derived import add_derived, metric_key
 from fedrepro.report.published import load_published
 from fedrepro.report.tables import render_table
+from fedrepro.study import ConfigError
 
 # two rows x two settings; the Average names one column by setting, the other by label
 SPEC = {

@@ -175,8 +175,8 @@ def test_a_run_that_diverges_before_its_fourth_evaluation_counts_as_a_miss():
 
 
 def test_a_fine_tuning_cell_from_the_best_pre_trained_model_is_judged_by_the_best_over_rounds():
-    from fedrepro.config import TRAINING_KEYS
     from fedrepro.report.table_sources import table_spec
+    from fedrepro.study import TRAINING_KEYS
 
     # SPIKED: its best comes early and the last quarter's mean falls; its best-over-rounds is still at plateau
     curves = {("a", "kept", 0): SPIKED, ("a", "last", 0): SPIKED}

@@ -82,7 +82,8 @@ def test_a_misspelt_published_column_still_warns(tmp_path):
 
 
 def test_a_phase_needs_a_mean_over_rows():
-    from fedrepro.config import ConfigError, resolve_config
+    from fedrepro.config import resolve_config
+    from fedrepro.study import ConfigError
 
     config = laptop_full_config()
     columns = config["studies"]["fedl2g"]["tables"]["table3"]["columns"]
@@ -146,8 +147,9 @@ def test_fig4_shows_one_tsne_panel_per_fedl2g_variant(tmp_path, monkeypatch):
 def test_the_paper_studys_fig4_reads_both_fedl2g_runs_and_a_tsne_takes_method_or_methods():
     import copy
 
-    from fedrepro.config import ConfigError, resolve_config
+    from fedrepro.config import resolve_config
     from fedrepro.report.figure_kinds import figure_runs_methods
+    from fedrepro.study import ConfigError
 
     config = laptop_full_config()
     config["studies"]["fedl2g"] = str(REPO / "config" / "studies" / "fedl2g.yaml")
@@ -210,7 +212,8 @@ def test_fig1_bars_the_negative_effect_and_best_accuracy_per_method(tmp_path, mo
 def test_fig1_is_declared_at_both_scales_and_needs_a_loss():
     import copy
 
-    from fedrepro.config import ConfigError, resolve_config
+    from fedrepro.config import resolve_config
+    from fedrepro.study import ConfigError
 
     config = laptop_full_config()
     embedded = resolve_config(copy.deepcopy(config))["studies"]["fedl2g"]["figures"]["fig1"]

@@ -15,10 +15,11 @@ from support.common import REPO
 from support.synthetic_results import table_extras, write_inputs
 
 from fedrepro import pipeline
-from fedrepro.config import ConfigError, load_yaml, resolve_config, table_runs
+from fedrepro.config import load_yaml, resolve_config
 from fedrepro.report.captions import figure_caption
 from fedrepro.report.figure_kinds import FIGURE_KINDS, figure_inputs, figure_kind, figure_runs, figure_spec
 from fedrepro.report.table_sources import TABLE_SOURCES, table_source
+from fedrepro.study import ConfigError, table_runs
 
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "study.schema.yaml").read_text())
 FIGURE_SCHEMA = SCHEMA["properties"]["figures"]["additionalProperties"]

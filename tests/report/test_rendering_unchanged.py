@@ -50,10 +50,11 @@ def _rendered_digests() -> dict[str, str]:
     from support.synthetic_results import table_extras, write_inputs
 
     from fedrepro import pipeline
-    from fedrepro.config import merge_configfiles, resolve_config, table_runs
+    from fedrepro.config import merge_configfiles, resolve_config
     from fedrepro.report.captions import figure_caption, table_caption
     from fedrepro.report.figure_kinds import figure_inputs, figure_spec
     from fedrepro.report.table_sources import table_source, table_spec
+    from fedrepro.study import table_runs
 
     digests = {}
     for label, files in CONFIGS.items():

@@ -11,11 +11,12 @@ import pytest
 import yaml
 from support.common import REPO
 
-from fedrepro.config import ConfigError, resolve_config
+from fedrepro.config import resolve_config
 from fedrepro.report.captions import figure_caption, table_caption
 from fedrepro.report.deviations import deviation_href, deviation_ids
 from fedrepro.report.figures import figure_title
 from fedrepro.report.tables import render_table
+from fedrepro.study import ConfigError
 
 KNOWN = "D-feddisco-feddc-no-correction"
 

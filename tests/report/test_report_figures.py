@@ -372,8 +372,9 @@ def test_curves_tick_whole_rounds_only(tmp_path: Path, monkeypatch) -> None:
 
 @pytest.mark.parametrize("config", ["config/config.yaml", "config/laptop-full.yaml", "config/paper.yaml"])
 def test_every_figure_of_every_study_gives_its_methods_distinct_colours(config: str) -> None:
-    from fedrepro.config import label_of, merge_configfiles, resolve_config
+    from fedrepro.config import merge_configfiles, resolve_config
     from fedrepro.report.style import method_color
+    from fedrepro.study import label_of
 
     studies = resolve_config(merge_configfiles("config/config.yaml", config))["studies"]
     checked = 0

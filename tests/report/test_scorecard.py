@@ -12,13 +12,14 @@ import pytest
 import yaml
 from support.common import REPO
 
-from fedrepro.config import ConfigError, merge_configfiles, resolve_config
+from fedrepro.config import merge_configfiles, resolve_config
 from fedrepro.report.captions import figure_caption, rst_escape, table_caption
 from fedrepro.report.integrity import write_checked_csv
 from fedrepro.report.published import load_published, lookup, trials_behind_sd
 from fedrepro.report.scorecard import build_scorecard, check_claims, render_markdown, score_table
 from fedrepro.report.showcase import BEGIN, END, replace_block, study_section, write_showcase
 from fedrepro.report.tables import paper_key
+from fedrepro.study import ConfigError
 
 ROWS = [{"method": m, "label": m.upper()} for m in ("a", "b", "c")]
 NAN = math.nan

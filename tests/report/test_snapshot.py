@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from support.common import laptop_full_config
 
-from fedrepro.config import REPO, grid_runs, merge_configfiles, resolve_config
+from fedrepro.config import REPO, merge_configfiles, resolve_config
 from fedrepro.report.integrity import write_checked_csv
 from fedrepro.report.scorecard import render_markdown, score_table
 from fedrepro.report.snapshot import (
@@ -21,6 +21,7 @@ from fedrepro.report.snapshot import (
     splice_scorecard,
     stale_runs,
 )
+from fedrepro.study import grid_runs
 
 
 @pytest.fixture

@@ -120,7 +120,7 @@ def test_a_cells_method_puts_another_run_in_a_rows_cells_and_beside_its_publishe
 
 def test_a_not_applicable_cell_is_a_dash_even_where_the_grid_runs_its_method(tmp_path):
     # FedL2G's LG-FedAvg cannot run on HtM10; were its run there made for another table, the cell stays a dash
-    from fedrepro.config import table_runs
+    from fedrepro.study import table_runs
 
     row = {"method": "lg_fedavg", "label": "LG-FedAvg", "paper": "LG-FedAvg",
            "cells": [{"columns": ["htm10"], "not_applicable": True}]}

@@ -8,8 +8,8 @@ import dataclasses
 import yaml
 from support.common import REPO
 
-from fedrepro.config import OPTIONAL_TRAINING_KEYS, TRAINING_KEYS
 from fedrepro.sim.sync import TrainingConfig
+from fedrepro.study import OPTIONAL_TRAINING_KEYS, TRAINING_KEYS
 
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "study.schema.yaml").read_text())
 # optional keys have no schema default: their descriptions say what absence means, which TrainingConfig encodes

@@ -9,7 +9,8 @@ import pytest
 import yaml
 from support.common import REPO, laptop_full_config
 
-from fedrepro.config import ConfigError, grid_runs, job_resources, resolve_config, run_spec
+from fedrepro.config import resolve_config
+from fedrepro.study import ConfigError, grid_runs, job_resources, run_spec
 
 
 @pytest.fixture
@@ -265,7 +266,8 @@ def test_a_config_sharing_the_other_scales_results_root_is_refused(config, scale
 
 
 def test_a_key_given_twice_in_a_study_file_is_refused_naming_it(tmp_path) -> None:
-    from fedrepro.config import ConfigError, load_yaml
+    from fedrepro.config import load_yaml
+    from fedrepro.study import ConfigError
 
     path = tmp_path / "study.yaml"
     path.write_text("base: &b {rounds: 2, lr: 0.1}\ndefaults: {<<: *b, lr: 0.2}\n"  # an override of a merge is fine
@@ -277,7 +279,8 @@ def test_a_key_given_twice_in_a_study_file_is_refused_naming_it(tmp_path) -> Non
 
 
 def test_laptop_full_runs_feddisco_on_fashion_mnist_as_the_paper_and_feddle_at_its_staleness_regime() -> None:
-    from fedrepro.config import resolve_config, run_training
+    from fedrepro.config import resolve_config
+    from fedrepro.study import run_training
 
     # what Snakemake does with --configfile: a study given as a file replaces the default's inline one
     cfg = resolve_config(laptop_full_config(inline=False), root=REPO)

@@ -7,7 +7,8 @@ import pytest
 import yaml
 from support.common import REPO
 
-from fedrepro.config import ConfigError, grid_runs, resolve_config, table_cell_method
+from fedrepro.config import resolve_config
+from fedrepro.study import ConfigError, grid_runs, table_cell_method
 
 
 @pytest.fixture(scope="module")

@@ -14,11 +14,12 @@ import pytest
 import torch
 from support.common import REPO
 
-from fedrepro.config import ConfigError, resolve_config, run_spec
+from fedrepro.config import resolve_config
 from fedrepro.data.registry import prepare_dataset
 from fedrepro.partition import make_partition, partition_stats, save_partition
 from fedrepro.pipeline import train
 from fedrepro.report.derived import add_derived
+from fedrepro.study import ConfigError, run_spec
 
 torch.set_num_threads(1)
 
@@ -144,8 +145,8 @@ def _paper_feddle():
 
 
 def test_table5_center_runs_once_per_data_set_and_fills_its_columns_beside_the_published_value():
-    from fedrepro.config import grid_runs, table_cell_setting
     from fedrepro.report.coverage import shown_keys
+    from fedrepro.study import grid_runs, table_cell_setting
 
     _, config = _paper_feddle()
     study = config["studies"]["feddle"]
@@ -165,7 +166,7 @@ def test_table5_center_runs_once_per_data_set_and_fills_its_columns_beside_the_p
 def test_laptop_table5_center_is_one_run_for_both_columns():
     from support.common import laptop_full_config
 
-    from fedrepro.config import grid_runs, table_cell_setting
+    from fedrepro.study import grid_runs, table_cell_setting
 
     study = resolve_config(laptop_full_config())["studies"]["feddle"]
     assert [s for s, m in grid_runs(study) if m == "center"] == ["d01-n20"]
@@ -199,7 +200,7 @@ def test_a_column_in_two_cells_entries_is_a_config_error():
 
 
 def test_figs_8_and_9_are_sweep_lines_over_grid_runs_at_paper_scale():
-    from fedrepro.config import grid_runs
+    from fedrepro.study import grid_runs
 
     _, config = _paper_feddle()
     study = config["studies"]["feddle"]

@@ -14,7 +14,7 @@ import yaml
 from support.common import REPO
 
 from fedrepro import pipeline, seeding
-from fedrepro.config import ConfigError, finetune_spec, resolve_config, run_spec, transfer_runs
+from fedrepro.config import resolve_config
 from fedrepro.data.format import load_prepared
 from fedrepro.data.registry import prepare_dataset
 from fedrepro.finetune import FinetuneConfig, finetune_model, load_pretrained
@@ -22,6 +22,7 @@ from fedrepro.models import build_model
 from fedrepro.sim.checkpoint import save_checkpoint
 from fedrepro.sim.flat import FlatModel
 from fedrepro.sim.tensors import to_device_data
+from fedrepro.study import ConfigError, finetune_spec, run_spec, transfer_runs
 
 TINY = REPO / "tests" / "data" / "tiny_fedgtst.yaml"
 

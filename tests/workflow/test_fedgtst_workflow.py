@@ -10,7 +10,8 @@ import pytest
 from support.common import REPO
 from support.workflow import job_counts, snakemake
 
-from fedrepro.config import grid_runs, load_yaml, merge_configfiles, resolve_config, run_spec, transfer_runs
+from fedrepro.config import load_yaml, merge_configfiles, resolve_config
+from fedrepro.study import grid_runs, run_spec, transfer_runs
 
 
 def test_paper_scale_dry_run_has_a_fine_tuning_job_per_transferred_run(tmp_path):

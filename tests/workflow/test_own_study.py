@@ -10,7 +10,8 @@ from support.workflow import job_counts, snakemake
 
 from fedrepro.algorithms import ALGORITHMS
 from fedrepro.algorithms.fedprox import FedProx
-from fedrepro.config import ConfigError, load_yaml, merge_configfiles, resolve_config
+from fedrepro.config import load_yaml, merge_configfiles, resolve_config
+from fedrepro.study import ConfigError
 
 EXAMPLE = REPO / "config" / "examples" / "own-study.yaml"
 

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from fedrepro import preflight
-from fedrepro.config import REPO, grid_runs, merge_configfiles, resolve_config
+from fedrepro.config import REPO, merge_configfiles, resolve_config
 from fedrepro.preflight import Group, Job, job_groups, measure, project, sample_groups, shape_key
+from fedrepro.study import grid_runs
 
 PAPER = resolve_config(merge_configfiles(REPO / "config" / "paper.yaml"), source="config/paper.yaml")
 GROUPS = job_groups(PAPER)

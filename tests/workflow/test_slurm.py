@@ -20,7 +20,8 @@ import yaml
 from support.common import REPO
 from support.processes import described, kill_marked, marked, marked_env, names, new_mark
 
-from fedrepro.config import job_resources, merge_configfiles, resolve_config
+from fedrepro.config import merge_configfiles, resolve_config
+from fedrepro.study import job_resources
 
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile")]
 TOOLS = REPO / "tools" / "slurm"
@@ -35,7 +36,8 @@ PREEMPT_RUN = "results/pre/runs/niid/fedavg"
 
 def _preempt_checkpoint() -> str:
     """The train job's checkpoint: under a digest of its run spec (workflow/rules/common.smk)."""
-    from fedrepro.config import resolve_config, run_spec, spec_digest
+    from fedrepro.config import resolve_config
+    from fedrepro.study import run_spec, spec_digest
 
     study = resolve_config({"studies": {"pre": "tests/data/preempt_study.yaml"}})["studies"]["pre"]
     return f"results/pre/checkpoints/niid/fedavg/{spec_digest(run_spec(study, 'niid', 'fedavg'))}/seed0.pt"

@@ -17,7 +17,8 @@ import pytest
 import yaml
 from support.common import REPO
 
-from fedrepro.config import ConfigError, resolve_config, run_spec
+from fedrepro.config import resolve_config
+from fedrepro.study import ConfigError, run_spec
 from fedrepro.tuning import TuningError, apply_choices, choose, point_scores, tuned_digest, write_choice
 
 STUDY = REPO / "tests" / "data" / "tuning_study.yaml"

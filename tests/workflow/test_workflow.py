@@ -115,7 +115,8 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_paper_scale_dry_run_lists_every_job(tmp_path):
-    from fedrepro.config import grid_runs, load_yaml, resolve_config
+    from fedrepro.config import load_yaml, resolve_config
+    from fedrepro.study import grid_runs
 
     paper = resolve_config(load_yaml(REPO / "config" / "paper.yaml"))
     proc = snakemake("-n", "--directory", str(tmp_path), "--configfile", str(REPO / "config" / "config.yaml"),

@@ -9,15 +9,14 @@ from snakemake.exceptions import WorkflowError
 SRC = str(Path(workflow.basedir) / "src")
 sys.path.insert(0, SRC)
 
-from fedrepro.config import (  # noqa: E402
+from fedrepro.config import TUNING_SEPARATOR, resolve_config  # noqa: E402
+from fedrepro.plugins import did_you_mean  # noqa: E402
+from fedrepro.study import (  # noqa: E402
     NAME_PATTERNS,
-    TUNING_SEPARATOR,
     ConfigError,
-    did_you_mean,
     finetune_spec,
     grid_runs,
     job_resources,
-    resolve_config,
     run_async,
     run_spec,
     spec_digest,

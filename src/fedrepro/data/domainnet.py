@@ -27,7 +27,7 @@ import numpy as np
 from fedrepro.data.download import DownloadError, fetch
 from fedrepro.data.format import load_prepared
 from fedrepro.data.images import decode_image
-from fedrepro.data.vision import Arrays, _raw
+from fedrepro.data.vision import Arrays, raw_file
 from fedrepro.io import open_npz
 
 DOMAINS = ("clipart", "infograph", "painting", "quickdraw", "real", "sketch")
@@ -105,7 +105,7 @@ def _split_list(path: Path) -> list[tuple[str, int]]:
 
 def prepare_domain(domain: str, raw_dir: Path, side: int = SIDE) -> Arrays:
     """One DomainNet domain from its zip and official split lists (read in place)."""
-    with zipfile.ZipFile(_raw(raw_dir, f"{domain}.zip")) as zf:
+    with zipfile.ZipFile(raw_file(raw_dir, f"{domain}.zip")) as zf:
         names = set(zf.namelist())
         classes = sorted({PurePosixPath(n).parts[1] for n in names
                           if len(PurePosixPath(n).parts) == 3 and PurePosixPath(n).parts[0] == domain})
@@ -114,7 +114,7 @@ def prepare_domain(domain: str, raw_dir: Path, side: int = SIDE) -> Arrays:
         index = {c: i for i, c in enumerate(classes)}
         arrays = []
         for split in ("train", "test"):
-            listed = _split_list(_raw(raw_dir, f"{domain}_{split}.txt"))
+            listed = _split_list(raw_file(raw_dir, f"{domain}_{split}.txt"))
             x = np.empty((len(listed), side, side, 3), dtype=np.uint8)
             y = np.empty(len(listed), dtype=np.int64)
             for i, (member, label) in enumerate(listed):

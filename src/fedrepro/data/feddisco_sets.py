@@ -171,7 +171,7 @@ def _ham_paths(raw_dir: Path) -> list[Path]:
     return paths
 
 
-def _raw(raw_dir: Path, fname: str) -> Path:
+def raw_file(raw_dir: Path, fname: str) -> Path:
     path = Path(raw_dir) / fname
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: run the data set's download step first, or place the "
@@ -200,7 +200,7 @@ def prepare_cinic10(raw_dir: Path, include_valid: bool = False, test_per_class: 
     Train is ``train`` (+ ``valid`` with include_valid); test is ``test``, or `test_per_class` images
     per class drawn from it with a fixed seed.
     """
-    path = _raw(raw_dir, "CINIC-10.tar.gz")
+    path = raw_file(raw_dir, "CINIC-10.tar.gz")
     splits = ("train", "valid", "test") if include_valid else ("train", "test")
     found: dict[tuple[int, int, str], np.ndarray] = {}
     with tarfile.open(path, "r:gz") as tar:
@@ -342,8 +342,8 @@ def prepare_ag_news(raw_dir: Path, vocab_size: int = 20000, max_len: int = 64) -
 
     meta["vocab_size"] counts every id, <pad> and <unk> included (the embedding's row count).
     """
-    tr_texts, y_tr = _read_ag_news(_raw(raw_dir, "train.csv"))
-    te_texts, y_te = _read_ag_news(_raw(raw_dir, "test.csv"))
+    tr_texts, y_tr = _read_ag_news(raw_file(raw_dir, "train.csv"))
+    te_texts, y_te = _read_ag_news(raw_file(raw_dir, "test.csv"))
     vocab = build_vocab(tr_texts, vocab_size)
     x_tr, x_te = encode(tr_texts, vocab, max_len), encode(te_texts, vocab, max_len)
     remote = REMOTES["ag_news"]

@@ -44,7 +44,7 @@ import numpy as np
 
 from fedrepro.data.download import DownloadError, check_placed, fetch
 from fedrepro.data.images import decode_image
-from fedrepro.data.vision import SOURCES, _raw, prepare_cifar100
+from fedrepro.data.vision import SOURCES, prepare_cifar100, raw_file
 
 # Arrays plus the extra per-sample arrays (fedrepro.data.format.EXTRA_ARRAYS)
 ArraysWithExtras = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any], dict[str, np.ndarray]]
@@ -152,7 +152,7 @@ def femnist_classes_by_hash(by_class: Path) -> dict[bytes, int]:
 def prepare_femnist(raw_dir: Path, clients: int = CLIENTS, select: str = "random") -> ArraysWithExtras:
     """FEMNIST's first 40 classes, ``clients`` writers (see the module docstring), 28x28 grey."""
     raw_dir = Path(raw_dir)
-    by_class, by_write = _raw(raw_dir, BY_CLASS), _raw(raw_dir, BY_WRITE)
+    by_class, by_write = raw_file(raw_dir, BY_CLASS), raw_file(raw_dir, BY_WRITE)
     classes = femnist_classes_by_hash(by_class)
     samples: dict[str, list[tuple[str, int]]] = {}
     counts = {"unmatched": 0, "ambiguous": 0, "other_classes": 0}
@@ -305,7 +305,7 @@ def read_celeba_identities(path: Path) -> dict[str, str]:
 def prepare_celeba_smiling(raw_dir: Path, clients: int = CLIENTS, select: str = "random") -> ArraysWithExtras:
     """CelebA's Smiling attribute, ``clients`` people (see the module docstring), 32x32 colour."""
     raw_dir = Path(raw_dir)
-    attr_path, id_path = _raw(raw_dir, CELEBA_ATTR), _raw(raw_dir, CELEBA_IDENTITY)
+    attr_path, id_path = raw_file(raw_dir, CELEBA_ATTR), raw_file(raw_dir, CELEBA_IDENTITY)
     smiling, people = read_celeba_attribute(attr_path), read_celeba_identities(id_path)
     unlabelled = sorted(set(people) - set(smiling))
     if unlabelled:
@@ -314,7 +314,7 @@ def prepare_celeba_smiling(raw_dir: Path, clients: int = CLIENTS, select: str = 
     samples: dict[str, list[tuple[str, int]]] = {}
     for image, person in people.items():
         samples.setdefault(person, []).append((image, smiling[image]))
-    zip_path = _raw(raw_dir, CELEBA_ZIP)
+    zip_path = raw_file(raw_dir, CELEBA_ZIP)
     chosen, split = select_and_split(samples, clients, CELEBA_MIN_SAMPLES, select, str(id_path))
     with _open_zip(zip_path) as zf:
         present = set(zf.namelist())

@@ -38,7 +38,7 @@ import numpy as np
 
 from fedrepro.data.download import DownloadError, fetch
 from fedrepro.data.images import decode_image
-from fedrepro.data.vision import Arrays, _raw
+from fedrepro.data.vision import Arrays, raw_file
 
 SIDE = 32
 
@@ -124,7 +124,7 @@ def _mat_vector(path: Path, key: str) -> np.ndarray:
 
 
 def _flowers_ids(raw_dir: Path, n_images: int) -> dict[str, np.ndarray]:
-    path = _raw(raw_dir, FLOWERS_SETID)
+    path = raw_file(raw_dir, FLOWERS_SETID)
     ids = {k: _mat_vector(path, k) for k in ("trnid", "valid", "tstid")}
     seen: dict[int, str] = {}
     for key, v in ids.items():
@@ -164,14 +164,14 @@ def _flowers_images(tgz: Path, wanted: set[int], side: int) -> dict[int, np.ndar
 
 def prepare_flowers102(raw_dir: Path, side: int = SIDE) -> Arrays:
     """Flowers102 from its three official files: train = trnid + valid, test = tstid, labels 0..101."""
-    labels_path = _raw(raw_dir, FLOWERS_LABELS)
+    labels_path = raw_file(raw_dir, FLOWERS_LABELS)
     labels = _mat_vector(labels_path, "labels")
     if len(labels) == 0 or labels.min() < 1 or labels.max() > FLOWERS_CLASSES:
         raise ValueError(f"{labels_path}: 'labels' must lie in 1..{FLOWERS_CLASSES}, got "
                          f"{labels.min() if len(labels) else 'none'}..{labels.max() if len(labels) else ''}")
     ids = _flowers_ids(raw_dir, len(labels))
     split_ids = {"train": np.concatenate([ids["trnid"], ids["valid"]]), "test": ids["tstid"]}
-    images = _flowers_images(_raw(raw_dir, FLOWERS_TGZ), set(np.concatenate(list(split_ids.values())).tolist()),
+    images = _flowers_images(raw_file(raw_dir, FLOWERS_TGZ), set(np.concatenate(list(split_ids.values())).tolist()),
                              side)
     arrays: list[np.ndarray] = []
     for split in ("train", "test"):
@@ -231,7 +231,7 @@ def _tiny_val_annotations(zf: zipfile.ZipFile, zpath: Path, index: dict[str, int
 
 def prepare_tiny_imagenet(raw_dir: Path, side: int = SIDE) -> Arrays:
     """Tiny-ImageNet from tiny-imagenet-200.zip (read in place): train from train/, test from val/."""
-    zpath = _raw(raw_dir, TINY_ZIP)
+    zpath = raw_file(raw_dir, TINY_ZIP)
     try:
         zf = zipfile.ZipFile(zpath)
     except (zipfile.BadZipFile, OSError) as e:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from fedrepro.data.download import DownloadError, fetch
-from fedrepro.data.vision import _IDX, DIGIT_CLASSES, SOURCES, Arrays, _raw, read_idx
+from fedrepro.data.vision import DIGIT_CLASSES, IDX_FILES, SOURCES, Arrays, raw_file, read_idx
 
 BSDS_FILE = "BSR_bsds500.tgz"
 BSDS_URLS = ("http://www.eecs.berkeley.edu/Research/Projects/CS/vision/grouping/BSR/BSR_bsds500.tgz",
@@ -33,7 +33,7 @@ BSDS_URLS = ("http://www.eecs.berkeley.edu/Research/Projects/CS/vision/grouping/
 BSDS_SHA256 = "97e49d31764f3912f0c4122707d53062ac9e783ba0f095e447a4d53c1a41af8e"
 BSDS_TRAIN = "BSR/BSDS500/data/images/train/"
 BLEND_SEED = 42  # the create_mnistm.py script's RandomState(42); fixed, part of the data set
-FILES = (*_IDX, BSDS_FILE)
+FILES = (*IDX_FILES, BSDS_FILE)
 LICENSE = ("MNIST: Y. LeCun, C. Cortes, C. J. C. Burges (CC BY-SA 3.0); BSDS500: Arbelaez, Maire, Fowlkes & "
            "Malik 2011, research use; MNIST-M construction: Ganin & Lempitsky 2015")
 
@@ -65,7 +65,7 @@ def download(raw_dir: Path, mirror: str | None = None, checksums: dict[str, str]
 def manual_instructions() -> str:
     lines = ["Without network access, put these files into the raw directory of mnist_m "
              "(<data_dir>/mnist_m/raw); the download step then only checks them:"]
-    lines += [f"  {SOURCES['mnist'].mirrors[0]}{f}  md5 {SOURCES['mnist'].files[f]}" for f in _IDX]
+    lines += [f"  {SOURCES['mnist'].mirrors[0]}{f}  md5 {SOURCES['mnist'].files[f]}" for f in IDX_FILES]
     lines.append(f"  {BSDS_URLS[0]}  sha256 {BSDS_SHA256}")
     return "\n".join(lines)
 
@@ -104,8 +104,8 @@ def blend(digits: np.ndarray, backgrounds: list[np.ndarray], rng: np.random.Gene
 
 def prepare_mnist_m(raw_dir: Path) -> Arrays:
     """MNIST-M from the raw MNIST files and BSR_bsds500.tgz (read in place)."""
-    x_tr, y_tr, x_te, y_te = (read_idx(_raw(raw_dir, f)) for f in _IDX)
-    backgrounds = load_backgrounds(_raw(raw_dir, BSDS_FILE))
+    x_tr, y_tr, x_te, y_te = (read_idx(raw_file(raw_dir, f)) for f in IDX_FILES)
+    backgrounds = load_backgrounds(raw_file(raw_dir, BSDS_FILE))
     rng = np.random.default_rng(BLEND_SEED)
     train, test = blend(x_tr, backgrounds, rng), blend(x_te, backgrounds, rng)
     meta = {"name": "mnist_m", "num_classes": 10, "classes": DIGIT_CLASSES, "shape": [28, 28, 3],

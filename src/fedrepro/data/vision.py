@@ -38,26 +38,26 @@ class Source:
     debian_package: str | None = None
 
 
-_IDX = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+IDX_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
         "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
 
 SOURCES: dict[str, Source] = {
     "mnist": Source(
         ("https://ossci-datasets.s3.amazonaws.com/mnist/", "http://yann.lecun.com/exdb/mnist/"),
-        dict(zip(_IDX, ("f68b3c2dcbeaaa9fbdd348bbdeb94873", "d53e105ee54ea40749a09fcbcd1e9432",
+        dict(zip(IDX_FILES, ("f68b3c2dcbeaaa9fbdd348bbdeb94873", "d53e105ee54ea40749a09fcbcd1e9432",
                         "9fb629c4189551a2d022fa330f9573f3", "ec29112dd5afa0611ce80d1b7f02629c"),
                  strict=True)),
         "Y. LeCun, C. Cortes, C. J. C. Burges; CC BY-SA 3.0"),
     "fashion_mnist": Source(
         ("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",),
-        dict(zip(_IDX, ("8d4fb7e6c68d591d4c3dfef9ec88bf0d", "25c81989df183df01b3e8a0aad5dffbe",
+        dict(zip(IDX_FILES, ("8d4fb7e6c68d591d4c3dfef9ec88bf0d", "25c81989df183df01b3e8a0aad5dffbe",
                         "bef4ecab320f06d8554ea6380940ec79", "bb300cfdad3c16e7a12a480ee83cd310"),
                  strict=True)),
         "Zalando Research; MIT licence",
         # sha256 of the four idx files as the publisher's .gz files decompress (the Debian package
         # dataset-fashion-mnist ships the same idx bytes, recompressed; its label files' payloads equal
         # those of the publisher's repository, whose .gz files have the md5 sums above)
-        dict(zip(_IDX, ("c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
+        dict(zip(IDX_FILES, ("c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
                         "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
                         "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
                         "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34"),
@@ -129,7 +129,7 @@ def _where_else(src: Source, fname: str, local_dirs: list[Path]) -> str:
     return "".join(lines)
 
 
-def _raw(raw_dir: Path, fname: str) -> Path:
+def raw_file(raw_dir: Path, fname: str) -> Path:
     path = Path(raw_dir) / fname
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: run the data set's download step first, or place the "
@@ -153,7 +153,7 @@ def read_idx(path: Path) -> np.ndarray:
 
 
 def _prepare_idx(name: str, raw_dir: Path, classes: list[str]) -> Arrays:
-    x_tr, y_tr, x_te, y_te = (read_idx(_raw(raw_dir, f)) for f in _IDX)
+    x_tr, y_tr, x_te, y_te = (read_idx(raw_file(raw_dir, f)) for f in IDX_FILES)
     meta = {"name": name, "num_classes": 10, "classes": classes, "shape": [28, 28, 1],
             "source": SOURCES[name].mirrors[0], "license": SOURCES[name].license}
     return x_tr[..., None], y_tr.astype(np.int64), x_te[..., None], y_te.astype(np.int64), meta
@@ -198,7 +198,7 @@ def _cifar_images(batches: list[dict[str, Any]]) -> np.ndarray:
 
 def prepare_cifar10(raw_dir: Path) -> Arrays:
     """CIFAR-10 from the python-version tar.gz (read in place, never extracted)."""
-    with tarfile.open(_raw(raw_dir, "cifar-10-python.tar.gz"), "r:gz") as tar:
+    with tarfile.open(raw_file(raw_dir, "cifar-10-python.tar.gz"), "r:gz") as tar:
         train = [_unpickle(tar, f"cifar-10-batches-py/data_batch_{i}") for i in range(1, 6)]
         test = [_unpickle(tar, "cifar-10-batches-py/test_batch")]
         classes = list(_unpickle(tar, "cifar-10-batches-py/batches.meta")["label_names"])
@@ -216,7 +216,7 @@ def prepare_cifar100(raw_dir: Path) -> Arrays:
     meta["coarse_classes"] names the super-classes and meta["fine_to_coarse"][fine] gives each fine
     class's super-class, so coarse labels are ``np.asarray(meta["fine_to_coarse"])[y]``.
     """
-    with tarfile.open(_raw(raw_dir, "cifar-100-python.tar.gz"), "r:gz") as tar:
+    with tarfile.open(raw_file(raw_dir, "cifar-100-python.tar.gz"), "r:gz") as tar:
         train = _unpickle(tar, "cifar-100-python/train")
         test = _unpickle(tar, "cifar-100-python/test")
         names = _unpickle(tar, "cifar-100-python/meta")
@@ -248,8 +248,8 @@ def _svhn_split(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 def prepare_svhn(raw_dir: Path) -> Arrays:
     """SVHN (cropped digits, train + test; the 'extra' split is not used) from the .mat files."""
-    x_tr, y_tr = _svhn_split(_raw(raw_dir, "train_32x32.mat"))
-    x_te, y_te = _svhn_split(_raw(raw_dir, "test_32x32.mat"))
+    x_tr, y_tr = _svhn_split(raw_file(raw_dir, "train_32x32.mat"))
+    x_te, y_te = _svhn_split(raw_file(raw_dir, "test_32x32.mat"))
     meta = {"name": "svhn", "num_classes": 10, "classes": DIGIT_CLASSES, "shape": [32, 32, 3],
             "source": SOURCES["svhn"].mirrors[0], "license": SOURCES["svhn"].license}
     return x_tr, y_tr, x_te, y_te, meta

@@ -36,7 +36,7 @@ def papers_order(body: nn.Sequential) -> nn.Sequential:
     return nn.Sequential(*mods)
 
 
-def _two_conv_mlp(
+def two_conv_mlp(
     shape: tuple[int, int, int], channels: tuple[int, int], hidden: tuple[int, ...], padding: int = 0
 ) -> tuple[nn.Sequential, int]:
     """conv5x5 maxpool2 ReLU (x2), flatten, then Linear+ReLU per ``hidden`` width; returns (body, dim).
@@ -71,7 +71,7 @@ def simple_cnn(shape: tuple[int, int, int], num_classes: int) -> SplitModel:
 
     Flatten is 400 for 32x32x3 (62,006 parameters with 10 classes) and 256 for 28x28x1.
     """
-    body, dim = _two_conv_mlp(shape, (6, 16), (120, 84))
+    body, dim = two_conv_mlp(shape, (6, 16), (120, 84))
     return SplitModel(body, dim, num_classes)
 
 
@@ -81,7 +81,7 @@ def lenet5(shape: tuple[int, int, int], num_classes: int) -> SplitModel:
     it equals ``simple_cnn``.
     """
     padding = 2 if shape[0] < 32 else 0
-    body, dim = _two_conv_mlp(shape, (6, 16), (120, 84), padding=padding)
+    body, dim = two_conv_mlp(shape, (6, 16), (120, 84), padding=padding)
     return SplitModel(body, dim, num_classes)
 
 
@@ -90,5 +90,5 @@ def cnn4(shape: tuple[int, int, int], num_classes: int) -> SplitModel:
 
     Flatten is 1024 for 28x28x1 and 1600 for 32x32x3.
     """
-    body, dim = _two_conv_mlp(shape, (32, 64), (512,))
+    body, dim = two_conv_mlp(shape, (32, 64), (512,))
     return SplitModel(body, dim, num_classes)

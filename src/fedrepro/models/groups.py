@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedrepro.models.cnn import SplitModel, _two_conv_mlp
+from fedrepro.models.cnn import SplitModel, two_conv_mlp
 
 
 class PoolTo(nn.Module):
@@ -54,14 +54,14 @@ def mlp(shape: tuple[int, int, int], num_classes: int, feature_dim: int = 512) -
 
 def lenet(shape: tuple[int, int, int], num_classes: int, feature_dim: int = 512) -> SplitModel:
     """LeNet-5's convolutions (6, 16 channels), fc 120, then fc K ReLU."""
-    body, dim = _two_conv_mlp(shape, (6, 16), (120, feature_dim), padding=2 if shape[0] < 32 else 0)
+    body, dim = two_conv_mlp(shape, (6, 16), (120, feature_dim), padding=2 if shape[0] < 32 else 0)
     return SplitModel(body, dim, num_classes)
 
 
 def cnn4(shape: tuple[int, int, int], num_classes: int, feature_dim: int = 512) -> SplitModel:
     """PFLlib's FedAvgCNN (the paper's "4-layer CNN"): conv5x5(32) pool conv5x5(64) pool fc 512 ReLU, then the
     pool to K (identity at the paper's K = 512)."""
-    body, dim = _two_conv_mlp(shape, (32, 64), (512,))
+    body, dim = two_conv_mlp(shape, (32, 64), (512,))
     return SplitModel(nn.Sequential(body, PoolTo(feature_dim)), feature_dim, num_classes)
 
 

@@ -12,8 +12,8 @@ import math
 
 import pandas as pd
 
-from fedrepro.config import average_sources
 from fedrepro.report.collect import KEYS
+from fedrepro.study import average_sources
 
 # per-run columns of summary.csv, and of finetune.csv for the fine-tuning tables (source: finetune)
 SUMMARY_METRICS = ("final_acc", "best_acc", "last_k_acc", "target_acc", "best_target_acc")

@@ -32,7 +32,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from fedrepro.config import label_of, run_async, unknown_name
+from fedrepro.study import label_of, run_async, unknown_name
 
 Run = tuple[str, str]  # (setting, method)
 Problems = list[tuple[str, str]]  # (key under the figure, "" for the figure itself; what is wrong)

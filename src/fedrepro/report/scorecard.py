@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedrepro.config import column_refs
 from fedrepro.report.collect import MACHINE, write_text_atomic
 from fedrepro.report.convergence import StudyConvergence, convergence_blocks, study_convergence
 from fedrepro.report.derived import LAST_K_MAX, SUMMARY_METRICS, lower_is_better, metric_key
@@ -23,6 +22,7 @@ from fedrepro.report.integrity import read_aggregate
 from fedrepro.report.paired import SeedValues, paired_differences, seed_values
 from fedrepro.report.published import trials_behind_sd
 from fedrepro.report.tables import MOVING, decimals
+from fedrepro.study import column_refs
 
 EMBEDDED_STATEMENT = (
     "**Embedded scale.** These runs use small stand-in data sets that ship with scikit-learn, small "

@@ -29,9 +29,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from fedrepro.config import REPO, grid_runs, merge_configfiles, resolve_config, run_spec, spec_digest
+from fedrepro.config import REPO, merge_configfiles, resolve_config
 from fedrepro.report.integrity import read_checked_csv
 from fedrepro.report.scorecard import machine_counts, machines_text
+from fedrepro.study import grid_runs, run_spec, spec_digest
 
 SCORECARD = Path("scorecard.md")
 MANIFEST = "README.md"

@@ -50,10 +50,10 @@ def _read_runs(spec: dict, cells_csv: Path | None, runs_csv: Path | None) -> pd.
     """The aggregated tables, refused unless whole (their checksums) and holding every seed (the spec's
     ``seeds``, the study's; without them, some seed) of every run of its cells, with the derived metrics and
     each run's plateau changes (the pre-training curve's, for a fine-tuning cell)."""
-    from fedrepro.config import table_runs
     from fedrepro.report.convergence import add_plateau_changes
     from fedrepro.report.derived import add_derived
     from fedrepro.report.integrity import read_aggregate
+    from fedrepro.study import table_runs
 
     cells, seeds = table_runs(spec), spec.get("seeds")
     summary = read_aggregate(cells_csv, cells, seeds)  # first: a missing seed is named in the cells' table
@@ -84,7 +84,7 @@ def _no_target(study: dict, setting: str) -> str | None:
 
 
 def _kept_best(study: dict, spec: dict) -> dict:
-    from fedrepro.config import run_training, table_runs
+    from fedrepro.study import run_training, table_runs
 
     return {"kept_best_runs": [[s, m] for s, m in table_runs(spec) if run_training(study, s, m).get("keep_best")]}
 
@@ -123,7 +123,7 @@ def table_spec(study: dict, name: str) -> dict:
     """What a table's job renders: the study file's table with row and column labels filled in (from the methods
     and settings; a computed table's rows and columns are no study methods or settings and carry their own) and
     the study's seeds (each cell's runs must have rows for every one)."""
-    from fedrepro.config import label_of
+    from fedrepro.study import label_of
 
     table = study["tables"][name]
     spec = {

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedrepro.config import average_sources, table_cell, table_cell_method, table_cell_setting
 from fedrepro.report.collect import write_csv_atomic, write_text_atomic
 from fedrepro.report.convergence import (
     BEST_OVER_ROUNDS,
@@ -23,6 +22,7 @@ from fedrepro.report.convergence import (
 from fedrepro.report.derived import lower_is_better, metric_key
 from fedrepro.report.deviations import deviation_href, deviations_sentence
 from fedrepro.report.published import lookup
+from fedrepro.study import average_sources, table_cell, table_cell_method, table_cell_setting
 
 METRICS = {
     "final_acc": "test accuracy after the last round",
