@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedrepro import seeding
+from fedrepro import defaults, seeding
 from fedrepro.data.format import load_prepared
 from fedrepro.io import atomic_write_json, open_npz
 from fedrepro.models import build_model
@@ -40,16 +40,19 @@ from fedrepro.sim.tensors import DeviceData, evaluate, in_inference_batches, to_
 HEAD_INIT, FT_BATCHES = 201, 202
 
 
+_FINETUNE = defaults.finetune()  # the study schema's (fedrepro.defaults)
+
+
 @dataclass
 class FinetuneConfig:
-    epochs: int = 10
-    mode: str = "head"  # head: frozen extractor + new head; full: everything trained, new head
-    optimizer: str = "adam"
-    lr: float = 0.005
-    momentum: float = 0.9  # sgd only
-    weight_decay: float = 1e-4
-    batch_size: int = 256
-    max_train_samples: int | None = None  # a seeded subset of the target train split (None: all)
+    epochs: int = _FINETUNE["epochs"]
+    mode: str = _FINETUNE["mode"]  # head: frozen extractor + new head; full: everything trained, new head
+    optimizer: str = _FINETUNE["optimizer"]
+    lr: float = _FINETUNE["lr"]
+    momentum: float = _FINETUNE["momentum"]  # sgd only
+    weight_decay: float = _FINETUNE["weight_decay"]
+    batch_size: int = _FINETUNE["batch_size"]
+    max_train_samples: int | None = _FINETUNE["max_train_samples"]  # a seeded subset of the target train split
 
     def __post_init__(self) -> None:
         if self.mode not in ("head", "full"):

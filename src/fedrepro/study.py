@@ -10,6 +10,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from fedrepro import defaults
 from fedrepro.plugins import did_you_mean
 
 # names that become folders, files and Snakemake wildcards (the Snakefile's wildcard_constraints are these): no "/",
@@ -22,13 +23,12 @@ class ConfigError(ValueError):
     """A config or study file that cannot be used; the message says where and why."""
 
 
-TRAINING_KEYS = ("rounds", "local_epochs", "batch_size", "lr", "momentum", "weight_decay", "join_ratio",
-                 "eval_every", "last_k", "checkpoint_every", "straggler_steps", "drop_last")
+TRAINING_KEYS = defaults.training_keys()  # every run spec carries these
 
 
-# training keys a run spec carries only where the study sets them (absent: the engine's TrainingConfig default,
+# training keys a run spec carries only where the study sets them (the schema's `absent:` says what absence means:
 # plain SGD at a constant rate, no early stop), so the specs and checkpoint digests of the other runs are unchanged
-OPTIONAL_TRAINING_KEYS = ("optimizer", "lr_decay", "lr_decay_every", "early_stop", "keep_best")
+OPTIONAL_TRAINING_KEYS = defaults.optional_training_keys()
 
 
 def tuned_entries(study: dict, method: str) -> list[dict[str, str]]:
@@ -172,7 +172,7 @@ def label_of(study: dict, kind: str, key: str) -> str:
     return study[kind][key].get("label", key)
 
 
-FINETUNE_KEYS = ("epochs", "mode", "optimizer", "lr", "momentum", "weight_decay", "batch_size", "max_train_samples")
+FINETUNE_KEYS = defaults.finetune_keys()
 
 
 def transfer_runs(study: dict) -> list[tuple[str, str]]:

@@ -23,7 +23,7 @@ from fedrepro.models.groups import build_arch
 from fedrepro.sim.flat import FlatModel
 
 C, K = 5, 6
-CFG = HeteroConfig(rounds=3, batch_size=10, lr=0.05)
+CFG = HeteroConfig(rounds=3, batch_size=10, lr=0.05, drop_last=True)  # HtFLlib's loader
 
 
 class TinyAttention(nn.Module):

@@ -17,7 +17,7 @@ from fedrepro.hetero.methods import build_method
 from fedrepro.hetero.methods.fedkd import svd_compress, svd_recover
 
 K = 16
-CFG = HeteroConfig(rounds=2, batch_size=10, lr=0.05)
+CFG = HeteroConfig(rounds=2, batch_size=10, lr=0.05, drop_last=True)  # HtFLlib's loader
 
 
 def make_run(data, parts, method, cfg=CFG, **hparams):

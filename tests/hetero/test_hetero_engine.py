@@ -21,7 +21,7 @@ from fedrepro.sim.batches import epoch_batches
 from fedrepro.sim.checkpoint import CheckpointError, save_checkpoint
 
 FD = 16  # feature dimension of the tiny test models
-CFG = HeteroConfig(rounds=2, batch_size=10, lr=0.05, checkpoint_every=1)
+CFG = HeteroConfig(rounds=2, batch_size=10, lr=0.05, checkpoint_every=1, drop_last=True)  # HtFLlib's
 TIMING = ("seconds", "client_seconds", "server_seconds")
 
 

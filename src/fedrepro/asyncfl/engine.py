@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from fedrepro import seeding
+from fedrepro import defaults, seeding
 from fedrepro.algorithms.base import Algorithm
 from fedrepro.asyncfl.base import AsyncMethod, ServerData, Update
 from fedrepro.sim.checkpoint import CheckpointError, close_round, load_checkpoint, resume_progress
@@ -59,16 +59,19 @@ SERVER_DATA_KINDS = (None, *get_args(ServerData))
 ASYNC_FORMAT = 2
 
 
+_ASYNC = defaults.asynchrony()  # the study schema's (fedrepro.defaults)
+
+
 @dataclass
 class AsyncConfig:
     """The asynchronous settings of a run (a study's `async` block, workflow/schemas/study.schema.yaml)."""
 
-    delay_sigma: float = 5.0  # delays round(|x|), x ~ N(0, sigma^2) rounds
-    server_samples: int = 1000  # in-domain server set carved from the test set
-    ood_dataset: str | None = None  # the out-of-domain server data set (its train split)
-    ood_samples: int | None = None  # a seeded subset of it (None: all)
-    measure_cost: bool = False  # log the server's FLOPs and cache size (Table 6)
-    true_update: bool = False  # log the clients' cosine to the all-client weighted mean update (Fig. 2)
+    delay_sigma: float = _ASYNC["delay_sigma"]  # delays round(|x|), x ~ N(0, sigma^2) rounds
+    server_samples: int = _ASYNC["server_samples"]  # in-domain server set carved from the test set
+    ood_dataset: str | None = _ASYNC["ood_dataset"]  # the out-of-domain server data set (its train split)
+    ood_samples: int | None = _ASYNC["ood_samples"]  # a seeded subset of it (None: all)
+    measure_cost: bool = _ASYNC["measure_cost"]  # log the server's FLOPs and cache size (Table 6)
+    true_update: bool = _ASYNC["true_update"]  # log the clients' cosine to the all-client mean update (Fig. 2)
 
 
 def draw_delay(seed: int, rnd: int, cid: int, sigma: float) -> int:

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedrepro import seeding
+from fedrepro import defaults, seeding
 from fedrepro.hetero.base import ClientRound, HeteroMethod
 from fedrepro.models.cnn import SplitModel
 from fedrepro.models.groups import build_arch, group_members
@@ -53,20 +53,24 @@ SPLIT, GUIDE, META, AUX, SERVER_TRAIN = 101, 102, 103, 104, 105
 ENGINE = "hetero"  # checkpoints of this engine say so: a homogeneous run's checkpoint is refused
 
 
+_DEFAULT = defaults.training()  # the study schema's (fedrepro.defaults)
+
+
 @dataclass
 class HeteroConfig:
     """Training settings (the names shared with sim.sync.TrainingConfig mean the same)."""
 
     rounds: int
-    local_epochs: int = 1
-    batch_size: int = 10
-    lr: float = 0.01
-    join_ratio: float = 1.0
-    eval_every: int = 1
-    last_k: int = 5
-    checkpoint_every: int = 10
+    local_epochs: int = _DEFAULT["local_epochs"]
+    batch_size: int = _DEFAULT["batch_size"]
+    lr: float = _DEFAULT["lr"]
+    join_ratio: float = _DEFAULT["join_ratio"]
+    eval_every: int = _DEFAULT["eval_every"]
+    last_k: int = _DEFAULT["last_k"]
+    checkpoint_every: int = _DEFAULT["checkpoint_every"]
+    drop_last: bool = _DEFAULT["drop_last"]  # HtFLlib's floor(n_i / batch) steps per epoch: its studies set true
+    # the engine's own settings (no study key)
     train_fraction: float = 0.75  # each client's own train / test split
-    drop_last: bool = True  # the paper's floor(n_i / batch) steps per epoch (a client smaller than a batch: one)
     offload: bool = False  # keep the clients' states on the CPU between their turns
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedrepro import seeding
+from fedrepro import defaults, seeding
 from fedrepro.algorithms.base import Algorithm, Client
 from fedrepro.algorithms.weighting import make_weighting
 from fedrepro.sim.batches import epoch_batches
@@ -25,26 +25,30 @@ from fedrepro.sim.tensors import DeviceData, evaluate
 from fedrepro.sim.vector_optim import VectorOptimizer
 from fedrepro.sim.vectorized import train_side_by_side
 
+_DEFAULT = defaults.training()  # the study schema's, the one place defaults live (fedrepro.defaults)
+
 
 @dataclass
 class TrainingConfig:
+    """A run's training keys (a study's `defaults`, workflow/schemas/study.schema.yaml, where each is described)."""
+
     rounds: int
-    local_epochs: int = 1
-    batch_size: int = 64
-    lr: float = 0.01
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    join_ratio: float = 1.0
-    eval_every: int = 1
-    last_k: int = 5
-    checkpoint_every: int = 10
-    straggler_steps: list[int] | None = None  # [lo, hi]: local iterations drawn per client and round
-    drop_last: bool = False  # drop each epoch's short last batch (sim/batches.py)
-    optimizer: str = "sgd"  # the clients' local optimiser: sgd or adam (sim/vector_optim.py)
-    lr_decay: float = 1.0  # the learning rate is multiplied by this every lr_decay_every rounds
-    lr_decay_every: int = 0  # 0: a constant learning rate
-    early_stop: int = 0  # stop once this many rounds pass without a better test accuracy (0: never)
-    keep_best: bool = False  # what follows the run (fine-tuning) gets its best evaluated model, not its last
+    local_epochs: int = _DEFAULT["local_epochs"]
+    batch_size: int = _DEFAULT["batch_size"]
+    lr: float = _DEFAULT["lr"]
+    momentum: float = _DEFAULT["momentum"]
+    weight_decay: float = _DEFAULT["weight_decay"]
+    join_ratio: float = _DEFAULT["join_ratio"]
+    eval_every: int = _DEFAULT["eval_every"]
+    last_k: int = _DEFAULT["last_k"]
+    checkpoint_every: int = _DEFAULT["checkpoint_every"]
+    straggler_steps: list[int] | None = _DEFAULT["straggler_steps"]  # [lo, hi]: local iterations per client, round
+    drop_last: bool = _DEFAULT["drop_last"]  # drop each epoch's short last batch (sim/batches.py)
+    optimizer: str = _DEFAULT["optimizer"]  # the clients' local optimiser: sgd or adam (sim/vector_optim.py)
+    lr_decay: float = _DEFAULT["lr_decay"]  # the learning rate is multiplied by this every lr_decay_every rounds
+    lr_decay_every: int = _DEFAULT["lr_decay_every"]  # 0: a constant learning rate
+    early_stop: int = _DEFAULT["early_stop"]  # stop once this many rounds pass without a better test accuracy
+    keep_best: bool = _DEFAULT["keep_best"]  # what follows the run (fine-tuning) gets its best evaluated model
 
     def lr_at(self, rnd: int) -> float:
         """The clients' learning rate in round ``rnd`` (1-based): step decay, lr x lr_decay^floor((rnd-1)/every)."""
