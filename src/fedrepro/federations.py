@@ -1,5 +1,7 @@
 """The kinds of federation a study can run (its `federation` key), each with its method registry, the model
-names its settings may use, the training keys it cannot honour and its train-job function.
+names its settings may use, the training keys it cannot honour (with why) and its train-job function. All three
+run the same round loop (fedrepro.sim.loop): its early stopping works in each; keep_best only where a model is
+handed on to what follows (sync: FedGTST's fine-tuning).
 
 - ``sync``: one global model, synchronous rounds (fedrepro.sim.sync; FedDisco, FedGTST).
 - ``hetero``: one model per client from a model group, nothing averaged unless a method says so
@@ -38,12 +40,11 @@ FEDERATIONS: dict[str, Federation] = {
                         ("straggler_steps", None, "every client runs its local epochs"),
                         ("optimizer", "sgd", "clients train with plain SGD, as HtFLlib's"),
                         ("lr_decay_every", 0, "clients train at a constant learning rate, as HtFLlib's"),
-                        ("early_stop", 0, "its engine runs every round"),
-                        ("keep_best", False, "its engine hands on its last model"))),
+                        ("keep_best", False, "no single model is handed on: every client keeps its own"))),
     "async": Federation("fedrepro.asyncfl.methods:METHODS", "fedrepro.asyncfl.methods:hyperparameters",
                         "fedrepro.models:MODELS", "fedrepro.asyncfl.job:train_async_job",
-                        fixed_training=(("early_stop", 0, "its engine runs every round"),
-                                        ("keep_best", False, "its engine hands on its last model"))),
+                        fixed_training=(("keep_best", False, "nothing follows an asynchronous run: no fine-tuning "
+                                                             "reads its model"),)),
 }
 
 

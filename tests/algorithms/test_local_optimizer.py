@@ -9,7 +9,8 @@ import pytest
 import torch
 from support.common import dirichlet_clients, reference_local_training, sync_run
 
-from fedrepro.sim.sync import TrainingConfig, stalled
+from fedrepro.sim.loop import stalled
+from fedrepro.sim.sync import TrainingConfig
 from fedrepro.sim.vector_optim import VectorOptimizer
 
 CFG = TrainingConfig(rounds=3, local_epochs=1, batch_size=16, lr=0.01, weight_decay=1e-3, eval_every=1,

@@ -249,3 +249,16 @@ def test_true_updates_survive_a_resume(data8, tmp_path):
     resumed.run(ckpt, "fp")
     (r1, c1), (r2, c2) = full.true_update_cosines(), resumed.true_update_cosines()
     assert r1.tolist() == r2.tolist() == list(range(1, 7)) and np.allclose(c1, c2)
+
+
+def test_early_stop_ends_an_asynchronous_run_that_stopped_improving(data8, tmp_path):
+    # the shared round loop (sim/loop.py): with a learning rate too small to move the test accuracy the best stays
+    # round 1's, and patience 2 ends the run of 8 after round 3; its checkpoint says the run is finished
+    ckpt = tmp_path / "ckpt.pt"
+    logs: list[str] = []
+    result = make_run(data8, "fedasync", rounds=8, log=logs.append, early_stop=2, lr=1e-9).run(ckpt, "fp")
+    assert [row["round"] for row in result.history] == [1, 2, 3]
+    assert result.stopped_round == 3 and result.status == "complete"
+    assert any("early stop after round 3" in m for m in logs)
+    resumed = make_run(data8, "fedasync", rounds=8, early_stop=2, lr=1e-9).run(ckpt, "fp")
+    assert comparable(resumed) == comparable(result) and resumed.stopped_round == 3

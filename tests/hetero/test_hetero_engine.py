@@ -277,3 +277,19 @@ def test_googlenet_and_mobilenet_bodies_keep_their_dropout_before_the_pool_to_51
         assert torch.equal(model.body(x), model.body(x))
         model.train()
         assert not torch.equal(model.body(x), model.body(x))  # train mode drops units
+
+
+def test_early_stop_ends_a_hetero_run_that_stopped_improving(small_data, tmp_path):
+    # the shared round loop (sim/loop.py) stops every federation alike: a learning rate too small to move any
+    # client's test accuracy keeps the best at round 1, so with patience 2 round 3 ends the run of 8
+    parts = dirichlet_clients(small_data.y_train.numpy())
+    cfg = dataclasses.replace(CFG, rounds=8, lr=1e-9, early_stop=2)
+    ckpt = tmp_path / "ckpt.pt"
+    logs: list[str] = []
+    run = HeteroRun("tiny4", build_method("local"), small_data, parts, cfg, 0, feature_dim=FD, log=logs.append)
+    result = run.run(ckpt, "fp")
+    assert [row["round"] for row in result.history] == [1, 2, 3]
+    assert result.stopped_round == 3 and result.status == "complete"
+    assert any("early stop after round 3" in m for m in logs)
+    resumed = make_run(small_data, parts, cfg=cfg).run(ckpt, "fp")  # finished: nothing is trained again
+    assert metrics(resumed) == metrics(result) and resumed.stopped_round == 3

@@ -23,8 +23,8 @@ def make_run(data, method: str, hparams=None, rounds=6, sigma=0.0, join=0.3, see
              model_fn=None, **training) -> AsyncRun:
     torch.manual_seed(seed)
     model = model_fn() if model_fn else build_model("cnn3_small", data.shape, data.num_classes)
-    cfg = TrainingConfig(rounds=rounds, local_epochs=1, batch_size=16, lr=0.05, join_ratio=join, eval_every=1,
-                         **training)
+    cfg = TrainingConfig(**{**dict(rounds=rounds, local_epochs=1, batch_size=16, lr=0.05, join_ratio=join,
+                                   eval_every=1), **training})
     return AsyncRun(model, build_method(method, **(hparams or {})), data, equal_parts(), cfg,
                     AsyncConfig(delay_sigma=sigma, server_samples=50), seed=seed, log=log)
 

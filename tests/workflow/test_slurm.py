@@ -26,7 +26,7 @@ from fedrepro.study import job_resources
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile")]
 TOOLS = REPO / "tools" / "slurm"
 LOCALRULES = {"download_dataset", "download_weights", "aggregate", "aggregate_finetune", "table", "figure", "scorecard",
-              "showcase"}
+              "showcase", "choose_tuning"}  # choose_tuning reads the tuning runs' summaries: seconds, no GPU
 TINY = "studies:\n  feddisco: tests/data/tiny_study.yaml\ntrain_resources: {gpu: 1}\n"
 SLURM_RUN_TIMEOUT = 420  # snakemake can wait forever on a broken status query: never let it
 # one train job of 100 rounds (~10 s of training), long enough to be cancelled in the middle

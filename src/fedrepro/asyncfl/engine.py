@@ -31,10 +31,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import get_args
 
@@ -45,8 +43,9 @@ from torch import Tensor, nn
 from fedrepro import defaults, seeding
 from fedrepro.algorithms.base import Algorithm
 from fedrepro.asyncfl.base import AsyncMethod, ServerData, Update
-from fedrepro.sim.checkpoint import CheckpointError, close_round, load_checkpoint, resume_progress
-from fedrepro.sim.runs import RoundTrace, RunResult, all_finite, diverged_loss, to_device
+from fedrepro.sim.checkpoint import CheckpointError
+from fedrepro.sim.loop import RoundLoop, RoundPlay
+from fedrepro.sim.runs import RoundTrace, RunResult, all_finite, to_device
 from fedrepro.sim.sync import FederatedRun, TrainingConfig, client_accuracy
 from fedrepro.sim.tensors import DeviceData, evaluate
 
@@ -99,7 +98,7 @@ class InFlight:
     cid: int
 
 
-class AsyncRun:
+class AsyncRun(RoundLoop):
     """One seed of one asynchronous method on one setting."""
 
     def __init__(
@@ -224,133 +223,124 @@ class AsyncRun:
         fixed = [p for p in self.model.parameters() if not p.requires_grad] + list(self.model.buffers())
         return (_tensor_bytes([w, *fixed]) + _tensor_bytes(self.method.state)) / 1e6
 
-    def snapshot(self, rnd: int, w: Tensor, result: RunResult, inflight: list[InFlight], snapshots: dict[int, Tensor],
-                 buffer_snapshots: dict[int, Tensor], bytes_up: int, bytes_down: int, seconds: float,
-                 measured: int) -> dict:
-        """What a checkpoint after round ``rnd`` holds. The method's ``host_state`` (CA2FL's cache) is on the
-        CPU already: saved as it is, not copied (at paper scale a copy would double tens of GB of host memory)."""
-        return dict(round=rnd, async_format=ASYNC_FORMAT, w=w.cpu(), state=to_device(self.method.state, "cpu"),
-                    global_buffers=to_device(self.global_buffers, "cpu"),
-                    inflight=[dataclasses.astuple(f) for f in inflight],
-                    snapshots={r: v.cpu() for r, v in snapshots.items()},
-                    buffer_snapshots={r: v.cpu() for r, v in buffer_snapshots.items()}, history=result.history,
-                    true_updates=self.true_updates,
-                    status=result.status, diverged_round=result.diverged_round, bytes_up=bytes_up,
-                    bytes_down=bytes_down, seconds=seconds, server_flops=self.server_flops, measured_rounds=measured)
-
     def load_global(self, w: Tensor) -> None:
         """The global model (``w`` and the global BatchNorm statistics) into the run's model."""
         self.flat.load(w)
         if self.global_buffers is not None:
             self.flat.load_buffers(self.global_buffers)
 
-    # ----- the loop
-    def run(self, checkpoint: Path | None = None, fingerprint: str = "") -> RunResult:
-        cfg, method = self.cfg, self.method
-        w = self.w_init.clone()
+    # ----- the round, as the shared loop (sim/loop.py) asks for it
+    def new_result(self) -> RunResult:
+        self.w = self.w_init.clone()
         self.global_buffers = None if self.b_init is None else self.b_init.clone()
-        result = RunResult()
-        start_round, bytes_up, bytes_down, seconds = 1, 0, 0, 0.0
-        inflight: list[InFlight] = []
-        snapshots: dict[int, Tensor] = {}  # dispatch round -> the model sent (parameters)
-        buffer_snapshots: dict[int, Tensor] = {}  # dispatch round -> its BatchNorm statistics (models with any)
-        resumed = load_checkpoint(checkpoint, fingerprint, self.log) if checkpoint else None
-        if resumed is not None:
-            if resumed.get("async_format") != ASYNC_FORMAT:
-                raise CheckpointError(
-                    f"checkpoint {checkpoint} was written by an older asynchronous engine (layout "
-                    f"{resumed.get('async_format', 1)}, this one reads {ASYNC_FORMAT}: BatchNorm statistics now "
-                    "travel with client updates); delete it to start this run from scratch")
-            dev = w.device
-            w = resumed["w"].to(dev)
-            method.load_state(resumed["state"], dev)
-            self.global_buffers = to_device(resumed["global_buffers"], dev)
-            inflight = [InFlight(*entry) for entry in resumed["inflight"]]
-            snapshots = {int(r): v.to(dev) for r, v in resumed["snapshots"].items()}
-            buffer_snapshots = {int(r): v.to(dev) for r, v in resumed["buffer_snapshots"].items()}
-            self.true_updates = {int(r): v for r, v in resumed.get("true_updates", {}).items()}
-            start_round, bytes_up, bytes_down, seconds = resume_progress(resumed, result)
-            self.log(f"resumed from {checkpoint} after round {resumed['round']}")
-            if result.status == "diverged":
-                return result
+        self.inflight: list[InFlight] = []
+        self.snapshots: dict[int, Tensor] = {}  # dispatch round -> the model sent (parameters)
+        self.buffer_snapshots: dict[int, Tensor] = {}  # dispatch round -> its BatchNorm statistics (models with any)
+        self.server_flops, self.measured = 0, 0
+        return RunResult()
+
+    def engine_state(self) -> dict:
+        """The global model, the updates in flight and the models they were sent, the method's state. The method's
+        ``host_state`` (CA2FL's cache) is on the CPU already: saved as it is, not copied (at paper scale a copy would
+        double tens of GB of host memory)."""
+        return dict(async_format=ASYNC_FORMAT, w=self.w.cpu(), state=to_device(self.method.state, "cpu"),
+                    global_buffers=to_device(self.global_buffers, "cpu"),
+                    inflight=[dataclasses.astuple(f) for f in self.inflight],
+                    snapshots={r: v.cpu() for r, v in self.snapshots.items()},
+                    buffer_snapshots={r: v.cpu() for r, v in self.buffer_snapshots.items()},
+                    true_updates=self.true_updates, server_flops=self.server_flops, measured_rounds=self.measured)
+
+    def restore(self, resumed: dict, checkpoint: Path) -> None:
+        if resumed.get("async_format") != ASYNC_FORMAT:
+            raise CheckpointError(
+                f"checkpoint {checkpoint} was written by an older asynchronous engine (layout "
+                f"{resumed.get('async_format', 1)}, this one reads {ASYNC_FORMAT}: BatchNorm statistics now "
+                "travel with client updates); delete it to start this run from scratch")
+        dev = self.w.device
+        self.w = resumed["w"].to(dev)
+        self.method.load_state(resumed["state"], dev)
+        self.global_buffers = to_device(resumed["global_buffers"], dev)
+        self.inflight = [InFlight(*entry) for entry in resumed["inflight"]]
+        self.snapshots = {int(r): v.to(dev) for r, v in resumed["snapshots"].items()}
+        self.buffer_snapshots = {int(r): v.to(dev) for r, v in resumed["buffer_snapshots"].items()}
+        self.true_updates = {int(r): v for r, v in resumed.get("true_updates", {}).items()}
+        self.server_flops = resumed.get("server_flops", 0)
+        self.measured = resumed.get("measured_rounds", 0)
+
+    def before_round(self, rnd: int) -> None:
+        # the diagnostic trains outside the round's seconds: it is not the method's work
+        self.evaluating = rnd % self.cfg.eval_every == 0 or rnd == self.cfg.rounds
+        self.true = self.true_update(self.w, rnd) if self.asyn.true_update and self.evaluating else None
+
+    def play_round(self, rnd: int) -> RoundPlay:
+        method, totals, w = self.method, self.totals, self.w
         # what a client receives and sends back: the parameters and the BatchNorm statistics
         model_bytes = w.numel() * w.element_size() + _tensor_bytes(self.global_buffers)
-        self.server_flops = resumed.get("server_flops", 0) if resumed is not None else 0
-        measured = resumed.get("measured_rounds", 0) if resumed is not None else 0
+        self.true_cos: list[float] = []
+        self.measuring = self.asyn.measure_cost and self.evaluating
+        self.measured += self.measuring
+        if method.uses_clients:
+            sent = self.sample_clients(rnd, {f.cid for f in self.inflight})
+            if sent:
+                self.snapshots[rnd] = w.clone()
+                if self.global_buffers is not None:
+                    self.buffer_snapshots[rnd] = self.global_buffers.clone()
+                totals.bytes_down += model_bytes * len(sent)
+            for cid in sent:
+                self.inflight.append(InFlight(rnd + draw_delay(self.seed, rnd, cid, self.asyn.delay_sigma), rnd, cid))
+        self.arriving = sorted((f for f in self.inflight if f.arrival == rnd), key=lambda f: (f.dispatch_round, f.cid))
+        self.inflight = [f for f in self.inflight if f.arrival != rnd]
+        self.server_call(method.round_begin, w, rnd)
+        loss_sum = torch.zeros((), device=w.device)
+        seen = 0
+        trace = RoundTrace()
+        for f in self.arriving:
+            update, client_loss, client_seen = self.client_update(
+                f.cid, f.dispatch_round, self.snapshots[f.dispatch_round], rnd,
+                self.buffer_snapshots.get(f.dispatch_round))
+            trace.note(f"client {f.cid}'s training loss (sent in round {f.dispatch_round})", client_loss)
+            trace.note(f"client {f.cid}'s update", update.delta)
+            totals.bytes_up += _tensor_bytes([update.delta, update.buffers])
+            loss_sum += client_loss
+            seen += client_seen
+            if self.true is not None and update.staleness == 0:  # trained from this round's model, as the truth
+                self.true_cos.append(torch.nn.functional.cosine_similarity(update.delta, self.true, dim=0).item())
+            with torch.no_grad():
+                w = self.server_call(method.receive, w, update)
+        still_needed = {f.dispatch_round for f in self.inflight}
+        self.snapshots = {r: v for r, v in self.snapshots.items() if r in still_needed}
+        self.buffer_snapshots = {r: v for r, v in self.buffer_snapshots.items() if r in still_needed}
+        self.w = self.server_call(method.round_end, w, rnd).detach()
+        if self.true is not None:
+            self.true_updates[rnd] = self.true.cpu()
+        return RoundPlay(loss_sum.item() / seen if seen else None, bad=not all_finite(self.w), trace=trace)
 
-        for rnd in range(start_round, cfg.rounds + 1):
-            evaluating = rnd % cfg.eval_every == 0 or rnd == cfg.rounds
-            # the diagnostic trains outside the round's seconds: it is not the method's work
-            true = self.true_update(w, rnd) if self.asyn.true_update and evaluating else None
-            true_cos: list[float] = []
-            t0 = time.perf_counter()
-            self.measuring = self.asyn.measure_cost and evaluating
-            measured += self.measuring
-            torch.manual_seed(seeding.derive_seed(self.seed, seeding.SERVER, rnd))
-            if method.uses_clients:
-                sent = self.sample_clients(rnd, {f.cid for f in inflight})
-                if sent:
-                    snapshots[rnd] = w.clone()
-                    if self.global_buffers is not None:
-                        buffer_snapshots[rnd] = self.global_buffers.clone()
-                    bytes_down += model_bytes * len(sent)
-                for cid in sent:
-                    inflight.append(InFlight(rnd + draw_delay(self.seed, rnd, cid, self.asyn.delay_sigma), rnd, cid))
-            arriving = sorted((f for f in inflight if f.arrival == rnd), key=lambda f: (f.dispatch_round, f.cid))
-            inflight = [f for f in inflight if f.arrival != rnd]
-            self.server_call(method.round_begin, w, rnd)
-            loss_sum = torch.zeros((), device=w.device)
-            seen = 0
-            trace = RoundTrace()
-            for f in arriving:
-                update, client_loss, client_seen = self.client_update(
-                    f.cid, f.dispatch_round, snapshots[f.dispatch_round], rnd, buffer_snapshots.get(f.dispatch_round))
-                trace.note(f"client {f.cid}'s training loss (sent in round {f.dispatch_round})", client_loss)
-                trace.note(f"client {f.cid}'s update", update.delta)
-                bytes_up += _tensor_bytes([update.delta, update.buffers])
-                loss_sum += client_loss
-                seen += client_seen
-                if true is not None and update.staleness == 0:  # trained from this round's model, as the truth
-                    true_cos.append(torch.nn.functional.cosine_similarity(update.delta, true, dim=0).item())
-                with torch.no_grad():
-                    w = self.server_call(method.receive, w, update)
-            still_needed = {f.dispatch_round for f in inflight}
-            snapshots = {r: v for r, v in snapshots.items() if r in still_needed}
-            buffer_snapshots = {r: v for r, v in buffer_snapshots.items() if r in still_needed}
-            w = self.server_call(method.round_end, w, rnd).detach()
-            train_loss = loss_sum.item() / seen if seen else float("nan")
-            seconds += time.perf_counter() - t0
-            diverged = diverged_loss(train_loss if seen else None) or not all_finite(w)
-            divergence = None
-            if diverged:
-                trace.note("the global model", w)
-                trace.note("the method's state", method.state)
-                divergence = trace.diagnose(rnd, train_loss if seen else None)
-            if true is not None:
-                self.true_updates[rnd] = true.cpu()
-            if diverged or evaluating:
-                self.load_global(w)
-                acc, test_loss, result.per_class_acc = evaluate(
-                    self.model, self.data.x_test, self.data.y_test, self.data.num_classes)
-                result.history.append(dict(
-                    round=rnd, test_acc=acc, test_loss=test_loss, train_loss=train_loss, bytes_up=bytes_up,
-                    bytes_down=bytes_down, seconds=round(seconds, 4),
-                    **client_accuracy(self.clients.class_counts, result.per_class_acc),
-                    in_flight=len(inflight), arrived=len(arriving), **method.round_metrics(),
-                    **({"server_gflops": self.server_flops / 1e9 / max(measured, 1), "cache_mb": self.cache_mb(w)}
-                       if self.asyn.measure_cost else {}),
-                    **(_spread("true_cos", true_cos) if self.asyn.true_update else {})))
-                self.log(f"round {rnd}/{cfg.rounds} acc {acc:.2f} loss {test_loss:.4f} arrived {len(arriving)} "
-                         f"in flight {len(inflight)} {seconds:.1f}s")
-            if close_round(rnd, cfg.rounds, divergence, result, checkpoint, fingerprint,
-                           cfg.checkpoint_every, partial(self.snapshot, rnd, w, result, inflight, snapshots,
-                                                         buffer_snapshots, bytes_up, bytes_down, seconds, measured),
-                           self.log):
-                break
-        self.load_global(w)
+    def note_divergence(self, trace: RoundTrace) -> None:
+        trace.note("the global model", self.w)
+        trace.note("the method's state", self.method.state)
+
+    def evaluate_round(self, rnd: int, play: RoundPlay, result: RunResult) -> float:
+        self.load_global(self.w)
+        acc, test_loss, result.per_class_acc = evaluate(
+            self.model, self.data.x_test, self.data.y_test, self.data.num_classes)
+        totals = self.totals
+        result.history.append(dict(
+            round=rnd, test_acc=acc, test_loss=test_loss,
+            train_loss=math.nan if play.train_loss is None else play.train_loss, bytes_up=totals.bytes_up,
+            bytes_down=totals.bytes_down, seconds=round(totals.seconds, 4),
+            **client_accuracy(self.clients.class_counts, result.per_class_acc),
+            in_flight=len(self.inflight), arrived=len(self.arriving), **self.method.round_metrics(),
+            **({"server_gflops": self.server_flops / 1e9 / max(self.measured, 1), "cache_mb": self.cache_mb(self.w)}
+               if self.asyn.measure_cost else {}),
+            **(_spread("true_cos", self.true_cos) if self.asyn.true_update else {})))
+        self.log(f"round {rnd}/{self.cfg.rounds} acc {acc:.2f} loss {test_loss:.4f} arrived {len(self.arriving)} "
+                 f"in flight {len(self.inflight)} {totals.seconds:.1f}s")
+        return acc
+
+    def finish(self, result: RunResult) -> None:
+        self.load_global(self.w)
         if result.per_class_acc is None:  # resumed from a finished checkpoint
             result.per_class_acc = evaluate(self.model, self.data.x_test, self.data.y_test, self.data.num_classes)[2]
-        return result
 
 
 def _spread(name: str, values: list[float]) -> dict[str, float]:

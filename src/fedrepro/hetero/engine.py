@@ -29,7 +29,6 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +42,10 @@ from fedrepro.hetero.base import ClientRound, HeteroMethod
 from fedrepro.models.cnn import SplitModel
 from fedrepro.models.groups import build_arch, group_members
 from fedrepro.sim.batches import epoch_batches
-from fedrepro.sim.checkpoint import CheckpointError, close_round, load_checkpoint, resume_progress
+from fedrepro.sim.checkpoint import CheckpointError
 from fedrepro.sim.flat import FlatModel
-from fedrepro.sim.runs import RoundTrace, RunResult, all_finite, diverged_loss, to_device
+from fedrepro.sim.loop import RoundLoop, RoundPlay
+from fedrepro.sim.runs import RoundTrace, RunResult, all_finite, to_device
 from fedrepro.sim.tensors import DeviceData, inference_batch
 
 # purposes beyond fedrepro.seeding's (INIT, SAMPLING, BATCHES, DELAYS, SERVER, STRAGGLERS = 1..6)
@@ -69,6 +69,7 @@ class HeteroConfig:
     last_k: int = _DEFAULT["last_k"]
     checkpoint_every: int = _DEFAULT["checkpoint_every"]
     drop_last: bool = _DEFAULT["drop_last"]  # HtFLlib's floor(n_i / batch) steps per epoch: its studies set true
+    early_stop: int = _DEFAULT["early_stop"]  # the shared loop's (sim/loop.py)
     # the engine's own settings (no study key)
     train_fraction: float = 0.75  # each client's own train / test split
     offload: bool = False  # keep the clients' states on the CPU between their turns
@@ -120,7 +121,7 @@ def clip_grad_(g: Tensor, max_norm: float) -> None:
         g.mul_(coef)
 
 
-class HeteroRun:
+class HeteroRun(RoundLoop):
     """One seed of one method on one setting, with per-client architectures from a model group."""
 
     def __init__(
@@ -313,115 +314,100 @@ class HeteroRun:
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
-    # ----- the loop
-    def snapshot(self, rnd: int, result: HeteroResult, window: _Window, bytes_up: int, bytes_down: int,
-                 seconds: float) -> dict:
-        """What a checkpoint after round ``rnd`` holds: every client's state, the method's, the history."""
-        return dict(engine=ENGINE, round=rnd,
+    # ----- the round, as the shared loop (sim/loop.py) asks for it
+    def new_result(self) -> HeteroResult:
+        self.window = _Window()
+        return HeteroResult()
+
+    def engine_state(self) -> dict:
+        """Every client's state, the method's, and the costs since the last evaluation."""
+        return dict(engine=ENGINE,
                     clients={cid: {"w": self.client_w[cid].cpu(), "buffers": to_device(self.client_buffers[cid], "cpu")}
                              for cid in range(self.num_clients)},
-                    state=to_device(self.method.state, "cpu"), history=result.history, status=result.status,
-                    diverged_round=result.diverged_round, bytes_up=bytes_up, bytes_down=bytes_down,
-                    seconds=seconds, window=window.__dict__)
+                    state=to_device(self.method.state, "cpu"), window=self.window.__dict__)
 
-    def run(self, checkpoint: Path | None = None, fingerprint: str = "") -> HeteroResult:
-        cfg, method = self.cfg, self.method
-        result = HeteroResult()
-        start_round, bytes_up, bytes_down, seconds = 1, 0, 0, 0.0
-        window = _Window()
-        resumed = load_checkpoint(checkpoint, fingerprint, self.log) if checkpoint else None
-        if resumed is not None:
-            if resumed.get("engine") != ENGINE:
-                raise CheckpointError(f"checkpoint {checkpoint} was not written by the heterogeneous-model engine")
-            for cid, st in resumed["clients"].items():
-                self.client_w[cid].copy_(st["w"])
-                for name, buf in st["buffers"].items():
-                    self.client_buffers[cid][name].copy_(buf)
-            method.state = to_device(resumed["state"], self.device)
-            start_round, bytes_up, bytes_down, seconds = resume_progress(resumed, result)
-            window = _Window(**resumed["window"])
-            self.log(f"resumed from {checkpoint} after round {resumed['round']}")
-            if result.status == "diverged":
-                return result
+    def restore(self, resumed: dict, checkpoint: Path) -> None:
+        if resumed.get("engine") != ENGINE:
+            raise CheckpointError(f"checkpoint {checkpoint} was not written by the heterogeneous-model engine")
+        for cid, st in resumed["clients"].items():
+            self.client_w[cid].copy_(st["w"])
+            for name, buf in st["buffers"].items():
+                self.client_buffers[cid][name].copy_(buf)
+        self.method.state = to_device(resumed["state"], self.device)
+        self.window = _Window(**resumed["window"])
 
-        for rnd in range(start_round, cfg.rounds + 1):
-            t_round = time.perf_counter()
-            # anything that draws from torch's global RNG in this round draws the same after a resume
-            torch.manual_seed(seeding.derive_seed(self.seed, seeding.SERVER, rnd))
-            sampled = self.sample_clients(rnd)
-            up = down = 0
-            server_s = 0.0
-            client_s: list[float] = []
-            loss_sum = torch.zeros((), device=self.device)
-            ce_sum = torch.zeros((), device=self.device)
-            seen = 0
-            bad_client = False
-            trace = RoundTrace()
+    def play_round(self, rnd: int) -> RoundPlay:
+        method, totals = self.method, self.totals
+        sampled = self.sample_clients(rnd)
+        up = down = 0
+        server_s = 0.0
+        client_s: list[float] = []
+        loss_sum = torch.zeros((), device=self.device)
+        ce_sum = torch.zeros((), device=self.device)
+        seen = 0
+        bad_client = False
+        trace = RoundTrace()
+        t = self._clock()
+        method.server_begin(rnd, sampled)
+        server_s += self._clock() - t
+        trains = method.trains(rnd)
+        for cid in sampled.tolist():
             t = self._clock()
-            method.server_begin(rnd, sampled)
+            payload = method.broadcast(cid, rnd)
             server_s += self._clock() - t
-            trains = method.trains(rnd)
-            for cid in sampled.tolist():
-                t = self._clock()
-                payload = method.broadcast(cid, rnd)
-                server_s += self._clock() - t
-                down += payload_bytes(payload)
-                trace.note(f"client {cid}'s download", payload)
-                client = self.load_client(cid, rnd)
-                t = self._clock()
-                method.receive(client, payload)
-                if trains:
-                    c_loss, c_ce, c_seen = self.train_client(client)
-                    trace.note(f"client {cid}'s training loss", c_loss)
-                    loss_sum += c_loss
-                    ce_sum += c_ce
-                    seen += c_seen
-                upload = method.upload(client)
-                client_s.append(self._clock() - t)
-                up += payload_bytes(upload)
-                trace.note(f"client {cid}'s model", client.flat.w)
-                trace.note(f"client {cid}'s upload", upload)
-                bad_client = bad_client or not all_finite(client.flat.w)
-                self.store_client(client)
-                t = self._clock()
-                method.server_receive(cid, upload, client.num_train)
-                server_s += self._clock() - t
+            down += payload_bytes(payload)
+            trace.note(f"client {cid}'s download", payload)
+            client = self.load_client(cid, rnd)
             t = self._clock()
-            method.server_end(rnd)
+            method.receive(client, payload)
+            if trains:
+                c_loss, c_ce, c_seen = self.train_client(client)
+                trace.note(f"client {cid}'s training loss", c_loss)
+                loss_sum += c_loss
+                ce_sum += c_ce
+                seen += c_seen
+            upload = method.upload(client)
+            client_s.append(self._clock() - t)
+            up += payload_bytes(upload)
+            trace.note(f"client {cid}'s model", client.flat.w)
+            trace.note(f"client {cid}'s upload", upload)
+            bad_client = bad_client or not all_finite(client.flat.w)
+            self.store_client(client)
+            t = self._clock()
+            method.server_receive(cid, upload, client.num_train)
             server_s += self._clock() - t
-            seconds += time.perf_counter() - t_round
-            bytes_up, bytes_down = bytes_up + up, bytes_down + down
-            window.add(up, down, float(np.mean(client_s)), server_s)
+        t = self._clock()
+        method.server_end(rnd)
+        server_s += self._clock() - t
+        totals.bytes_up, totals.bytes_down = totals.bytes_up + up, totals.bytes_down + down
+        self.window.add(up, down, float(np.mean(client_s)), server_s)
+        # None (an empty CSV cell) when no client trained: FedL2G's warm-up rounds
+        self.train_ce = ce_sum.item() / seen if seen else None
+        return RoundPlay(loss_sum.item() / seen if seen else None, bad=bad_client or method.diverged(), trace=trace)
 
-            # None (an empty CSV cell) when no client trained: FedL2G's warm-up rounds
-            train_loss = loss_sum.item() / seen if seen else None
-            train_ce = ce_sum.item() / seen if seen else None
-            diverged = diverged_loss(train_loss) or bad_client or method.diverged()
-            divergence = None
-            if diverged:
-                trace.note("the method's state", method.state)
-                divergence = trace.diagnose(rnd, train_loss)
-            if diverged or rnd % cfg.eval_every == 0 or rnd == cfg.rounds:
-                ev = self.evaluate()
-                result.per_class_acc, result.per_client_acc = ev["per_class_acc"], ev["per_client_acc"]
-                result.history.append(dict(
-                    round=rnd, test_acc=ev["test_acc"], test_loss=ev["test_loss"], train_loss=train_loss,
-                    bytes_up=bytes_up, bytes_down=bytes_down, seconds=round(seconds, 4),
-                    client_acc_mean=ev["client_acc_mean"], client_acc_var=ev["client_acc_var"],
-                    train_ce=train_ce, **window.row(), **method.round_metrics(),
-                ))
-                window = _Window()
-                trained = "-" if train_loss is None else f"{train_loss:.4f}"
-                self.log(f"round {rnd}/{cfg.rounds} acc {ev['test_acc']:.2f} (per client "
-                         f"{ev['client_acc_mean']:.2f}) train {trained} {seconds:.1f}s")
-            if close_round(rnd, cfg.rounds, divergence, result, checkpoint, fingerprint,
-                           cfg.checkpoint_every, partial(self.snapshot, rnd, result, window, bytes_up, bytes_down,
-                                                         seconds), self.log):
-                break
+    def note_divergence(self, trace: RoundTrace) -> None:
+        trace.note("the method's state", self.method.state)
+
+    def evaluate_round(self, rnd: int, play: RoundPlay, result: HeteroResult) -> float:
+        ev = self.evaluate()
+        result.per_class_acc, result.per_client_acc = ev["per_class_acc"], ev["per_client_acc"]
+        totals = self.totals
+        result.history.append(dict(
+            round=rnd, test_acc=ev["test_acc"], test_loss=ev["test_loss"], train_loss=play.train_loss,
+            bytes_up=totals.bytes_up, bytes_down=totals.bytes_down, seconds=round(totals.seconds, 4),
+            client_acc_mean=ev["client_acc_mean"], client_acc_var=ev["client_acc_var"],
+            train_ce=self.train_ce, **self.window.row(), **self.method.round_metrics(),
+        ))
+        self.window = _Window()
+        trained = "-" if play.train_loss is None else f"{play.train_loss:.4f}"
+        self.log(f"round {rnd}/{self.cfg.rounds} acc {ev['test_acc']:.2f} (per client "
+                 f"{ev['client_acc_mean']:.2f}) train {trained} {totals.seconds:.1f}s")
+        return ev["test_acc"]
+
+    def finish(self, result: HeteroResult) -> None:
         if result.per_client_acc is None:  # resumed from a finished checkpoint
             ev = self.evaluate()
             result.per_class_acc, result.per_client_acc = ev["per_class_acc"], ev["per_client_acc"]
-        return result
 
 
 @dataclass

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -17,10 +15,11 @@ from fedrepro import defaults, seeding
 from fedrepro.algorithms.base import Algorithm, Client
 from fedrepro.algorithms.weighting import make_weighting
 from fedrepro.sim.batches import epoch_batches
-from fedrepro.sim.checkpoint import close_round, load_checkpoint, module_buffers, restore_buffers, resume_progress
+from fedrepro.sim.checkpoint import module_buffers, restore_buffers
 from fedrepro.sim.engine_choice import SIDE_BY_SIDE, EngineChoice, initial_choice, measure
 from fedrepro.sim.flat import FlatModel
-from fedrepro.sim.runs import RoundTrace, RunResult, all_finite, diverged_loss, to_device
+from fedrepro.sim.loop import RoundLoop, RoundPlay
+from fedrepro.sim.runs import RoundTrace, RunResult, all_finite, to_device
 from fedrepro.sim.tensors import DeviceData, evaluate
 from fedrepro.sim.vector_optim import VectorOptimizer
 from fedrepro.sim.vectorized import train_side_by_side
@@ -73,7 +72,7 @@ def payload_bytes(tensors: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-class FederatedRun:
+class FederatedRun(RoundLoop):
     """One seed of one method on one setting."""
 
     def __init__(
@@ -126,14 +125,6 @@ class FederatedRun:
         if m >= k:
             return np.arange(k)
         return np.sort(seeding.rng_for(self.seed, seeding.SAMPLING, rnd).choice(k, m, replace=False))
-
-    def snapshot(self, rnd: int, w: torch.Tensor, result: RunResult, bytes_up: int, bytes_down: int,
-                 seconds: float) -> dict:
-        """What a checkpoint after round ``rnd`` holds."""
-        return dict(round=rnd, w=w.cpu(), state=to_device(self.alg.state, "cpu"), buffers=module_buffers(self.model),
-                    history=result.history, status=result.status, diverged_round=result.diverged_round,
-                    stopped_round=result.stopped_round, bytes_up=bytes_up, bytes_down=bytes_down, seconds=seconds,
-                    **({"best": self.best} if self.cfg.keep_best else {}))
 
     def train_client(self, cid: int, rnd: int, w_global: torch.Tensor) -> tuple[dict, torch.Tensor, int]:
         """E local epochs of SGD from ``w_global``; returns (upload, summed batch loss, samples seen)."""
@@ -215,108 +206,82 @@ class FederatedRun:
             group = order[start : start + width]
             yield [cids[i] for i in group], [weights[i] for i in group]
 
-    # ----- the loop
-    def run(self, checkpoint: Path | None = None, fingerprint: str = "") -> SyncResult:
-        cfg = self.cfg
-        w = self.w_init.clone()
-        result = SyncResult(engine=self.engine.summary() if self.engine else None)
-        start_round, bytes_up, bytes_down, seconds = 1, 0, 0, 0.0
-        resumed = load_checkpoint(checkpoint, fingerprint, self.log) if checkpoint else None
-        self.best: dict | None = None  # keep_best: the best evaluated model so far, {w, buffers, round} on the CPU
-        if resumed is not None:
-            w = resumed["w"].to(w.device)
-            self.alg.state = to_device(resumed["state"], w.device)
-            restore_buffers(self.model, resumed.get("buffers"))
-            self.best = resumed.get("best")
-            start_round, bytes_up, bytes_down, seconds = resume_progress(resumed, result)
-            self.log(f"resumed from {checkpoint} after round {resumed['round']}")
-            if result.status == "diverged":
-                return result
-            result.stopped_round = resumed.get("stopped_round")
-            if result.stopped_round is not None:  # finished by early stopping: nothing left to train
-                start_round = cfg.rounds + 1
-        model_bytes = w.numel() * w.element_size()
+    # ----- the round, as the shared loop (sim/loop.py) asks for it
+    def new_result(self) -> SyncResult:
+        self.w = self.w_init.clone()
+        return SyncResult(engine=self.engine.summary() if self.engine else None)
 
-        for rnd in range(start_round, cfg.rounds + 1):
-            t0 = time.perf_counter()
-            # anything that draws from torch's global RNG in this round draws the same after a resume
-            torch.manual_seed(seeding.derive_seed(self.seed, seeding.SERVER, rnd))
-            sampled = self.sample_clients(rnd)
-            weights = self.weighting(sampled)
-            self.alg.server_begin(w, sampled, weights)
-            if self.engine is None:  # auto on CUDA: measured on this round's model before any client trains
-                self.engine = measure(self, rnd, w, sampled.tolist(), self.side_by_side)
-                result.engine = self.engine.summary()
-                self.log(f"engine: {self.engine.mode}, {self.engine.clients_at_once} client(s) at once "
-                         f"({self.engine.reason})")
-            loss_sum = torch.zeros((), device=w.device, dtype=w.dtype)
-            seen = 0
-            trace = RoundTrace()
-            for cids, ps in self.client_groups(sampled.tolist(), list(weights)):
-                for cid in cids:
-                    download = self.alg.download(cid)
-                    trace.note(f"client {cid}'s download", download)
-                    bytes_down += model_bytes + payload_bytes(download)
-                if self.vectorized:
-                    trained = train_side_by_side(self, cids, rnd, w)
-                else:
-                    trained = [self.train_client(cids[0], rnd, w)]
-                for cid, p, (upload, client_loss, client_seen) in zip(cids, ps, trained, strict=True):
-                    trace.note(f"client {cid}'s training loss", client_loss)
-                    trace.note(f"client {cid}'s upload", upload)
-                    bytes_up += payload_bytes(upload)
-                    self.alg.server_receive(cid, upload, p)
-                    loss_sum += client_loss
-                    seen += client_seen
-            with torch.no_grad():
-                w = self.alg.server_end(w)
-            train_loss = loss_sum.item() / max(seen, 1)
-            seconds += time.perf_counter() - t0
-            diverged = diverged_loss(train_loss) or not all_finite(w)
-            divergence = None
-            if diverged:
-                trace.note("the global model", w)
-                trace.note("the method's state", self.alg.state)
-                divergence = trace.diagnose(rnd, train_loss)
-            if diverged or rnd % cfg.eval_every == 0 or rnd == cfg.rounds:
-                self.flat.load(self.alg.evaluated_model(w))
-                acc, test_loss, result.per_class_acc = evaluate(
-                    self.model, self.data.x_test, self.data.y_test, self.data.num_classes)
-                result.history.append(
-                    dict(round=rnd, test_acc=acc, test_loss=test_loss, train_loss=train_loss,
-                         bytes_up=bytes_up, bytes_down=bytes_down, seconds=round(seconds, 4),
-                         **client_accuracy(self.class_counts, result.per_class_acc), **self.alg.round_metrics())
-                )
-                self.log(f"round {rnd}/{cfg.rounds} acc {acc:.2f} loss {test_loss:.4f} "
-                         f"train {train_loss:.4f} {seconds:.1f}s")
-                if cfg.keep_best and not diverged and (self.best is None or acc > self.best["acc"]):
-                    self.best = dict(round=rnd, acc=acc, w=self.flat.w.detach().cpu().clone(),
-                                     buffers=module_buffers(self.model))
-            if not diverged and rnd < cfg.rounds and stalled(result.history, cfg.early_stop):
-                result.stopped_round = rnd
-                self.log(f"early stop after round {rnd}: no better test accuracy in {cfg.early_stop} rounds")
-            if close_round(rnd, cfg.rounds, divergence, result, checkpoint, fingerprint,
-                           cfg.checkpoint_every, partial(self.snapshot, rnd, w, result, bytes_up, bytes_down, seconds),
-                           self.log, finished=result.stopped_round is not None):
-                break
-        self.flat.load(self.alg.evaluated_model(w))  # the reported model, also for what follows (fine-tuning)
+    def restore(self, resumed: dict, checkpoint: Path) -> None:
+        self.w = resumed["w"].to(self.w.device)
+        self.alg.state = to_device(resumed["state"], self.w.device)
+        restore_buffers(self.model, resumed.get("buffers"))
+
+    def engine_state(self) -> dict:
+        return dict(w=self.w.cpu(), state=to_device(self.alg.state, "cpu"), buffers=module_buffers(self.model))
+
+    def play_round(self, rnd: int) -> RoundPlay:
+        w, totals = self.w, self.totals
+        model_bytes = w.numel() * w.element_size()
+        sampled = self.sample_clients(rnd)
+        weights = self.weighting(sampled)
+        self.alg.server_begin(w, sampled, weights)
+        if self.engine is None:  # auto on CUDA: measured on this round's model before any client trains
+            self.engine = measure(self, rnd, w, sampled.tolist(), self.side_by_side)
+            self.result.engine = self.engine.summary()
+            self.log(f"engine: {self.engine.mode}, {self.engine.clients_at_once} client(s) at once "
+                     f"({self.engine.reason})")
+        loss_sum = torch.zeros((), device=w.device, dtype=w.dtype)
+        seen = 0
+        trace = RoundTrace()
+        for cids, ps in self.client_groups(sampled.tolist(), list(weights)):
+            for cid in cids:
+                download = self.alg.download(cid)
+                trace.note(f"client {cid}'s download", download)
+                totals.bytes_down += model_bytes + payload_bytes(download)
+            if self.vectorized:
+                trained = train_side_by_side(self, cids, rnd, w)
+            else:
+                trained = [self.train_client(cids[0], rnd, w)]
+            for cid, p, (upload, client_loss, client_seen) in zip(cids, ps, trained, strict=True):
+                trace.note(f"client {cid}'s training loss", client_loss)
+                trace.note(f"client {cid}'s upload", upload)
+                totals.bytes_up += payload_bytes(upload)
+                self.alg.server_receive(cid, upload, p)
+                loss_sum += client_loss
+                seen += client_seen
+        with torch.no_grad():
+            self.w = self.alg.server_end(w)
+        return RoundPlay(loss_sum.item() / max(seen, 1), bad=not all_finite(self.w), trace=trace)
+
+    def note_divergence(self, trace: RoundTrace) -> None:
+        trace.note("the global model", self.w)
+        trace.note("the method's state", self.alg.state)
+
+    def evaluate_round(self, rnd: int, play: RoundPlay, result: RunResult) -> float:
+        self.flat.load(self.alg.evaluated_model(self.w))
+        acc, test_loss, result.per_class_acc = evaluate(
+            self.model, self.data.x_test, self.data.y_test, self.data.num_classes)
+        totals = self.totals
+        result.history.append(
+            dict(round=rnd, test_acc=acc, test_loss=test_loss, train_loss=play.train_loss,
+                 bytes_up=totals.bytes_up, bytes_down=totals.bytes_down, seconds=round(totals.seconds, 4),
+                 **client_accuracy(self.class_counts, result.per_class_acc), **self.alg.round_metrics())
+        )
+        self.log(f"round {rnd}/{self.cfg.rounds} acc {acc:.2f} loss {test_loss:.4f} "
+                 f"train {play.train_loss:.4f} {totals.seconds:.1f}s")
+        return acc
+
+    def kept_model(self) -> dict:
+        return dict(w=self.flat.w.detach().cpu().clone(), buffers=module_buffers(self.model))
+
+    def hand_on(self, kept: dict) -> None:
+        self.flat.load(kept["w"].to(self.flat.w.device))
+        restore_buffers(self.model, kept["buffers"])
+
+    def finish(self, result: RunResult) -> None:
+        self.flat.load(self.alg.evaluated_model(self.w))  # the reported model, also for what follows (fine-tuning)
         if result.per_class_acc is None:  # resumed from a finished checkpoint
             result.per_class_acc = evaluate(self.model, self.data.x_test, self.data.y_test, self.data.num_classes)[2]
-        if self.best is not None:  # keep_best: what follows gets the best evaluated model (its metrics stay the last's)
-            self.flat.load(self.best["w"].to(self.flat.w.device))
-            restore_buffers(self.model, self.best["buffers"])
-            self.log(f"kept the model of round {self.best['round']} (test accuracy {self.best['acc']:.2f}) for what "
-                     "follows")
-        return result
-
-
-def stalled(history: list[dict], patience: int) -> bool:
-    """Early stopping's trigger: ``patience`` (> 0) rounds have passed since the round of the best test
-    accuracy so far (the first, among equals). The paper's "early stop trigger of 10 rounds" (FedGTST)."""
-    if not patience or not history:
-        return False
-    best = max(history, key=lambda row: row["test_acc"])  # max keeps the first of equal accuracies
-    return history[-1]["round"] - best["round"] >= patience
 
 
 def client_accuracy(class_counts: np.ndarray, per_class_acc: list[float | None]) -> dict[str, float]:
