@@ -117,11 +117,12 @@ def history_rows(result, drop: tuple[str, ...] = ("seconds",)) -> list[dict]:
 
 def laptop_full_config(inline: bool = True) -> dict:
     """config/laptop-full.yaml as Snakemake reads it (merged into config/config.yaml); with ``inline``, every
-    study given as a file loaded in place, so a test can edit it before resolve_config."""
-    from fedrepro.config import load_yaml, merge_configfiles
+    study given as a file loaded in place (with the study it ``extends`` underneath), so a test can edit it before
+    resolve_config."""
+    from fedrepro.config import load_study_file, merge_configfiles
 
     config = merge_configfiles("config/config.yaml", "config/laptop-full.yaml", root=REPO)
     if inline:
-        config["studies"] = {name: load_yaml(REPO / entry) if isinstance(entry, str) else entry
+        config["studies"] = {name: load_study_file(REPO / entry) if isinstance(entry, str) else entry
                              for name, entry in config["studies"].items()}
     return config
