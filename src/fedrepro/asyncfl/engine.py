@@ -44,7 +44,7 @@ from fedrepro import defaults, seeding
 from fedrepro.algorithms.base import Algorithm
 from fedrepro.asyncfl.base import AsyncMethod, ServerData, Update
 from fedrepro.sim.checkpoint import CheckpointError
-from fedrepro.sim.loop import RoundLoop, RoundPlay
+from fedrepro.sim.loop import RoundLoop, RoundPlay, draw_clients
 from fedrepro.sim.runs import RoundTrace, RunResult, all_finite, to_device
 from fedrepro.sim.sync import FederatedRun, TrainingConfig, client_accuracy
 from fedrepro.sim.tensors import DeviceData, evaluate
@@ -154,10 +154,7 @@ class AsyncRun(RoundLoop):
     def sample_clients(self, rnd: int, busy: set[int]) -> list[int]:
         """``clients_per_round`` clients drawn uniformly among those with no update in flight."""
         free = np.array([c for c in range(self.num_clients) if c not in busy], dtype=np.int64)
-        k = min(self.clients_per_round, len(free))
-        if k == 0:
-            return []
-        return sorted(seeding.rng_for(self.seed, seeding.SAMPLING, rnd).choice(free, k, replace=False).tolist())
+        return draw_clients(self.seed, rnd, free, self.clients_per_round).tolist()
 
     def train_from(self, cid: int, batch_round: int, w_start: Tensor,
                    b_start: Tensor | None) -> tuple[Tensor, Tensor | None, Tensor, int]:

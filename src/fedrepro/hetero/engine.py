@@ -44,7 +44,7 @@ from fedrepro.models.groups import build_arch, group_members
 from fedrepro.sim.batches import epoch_batches
 from fedrepro.sim.checkpoint import CheckpointError
 from fedrepro.sim.flat import FlatModel
-from fedrepro.sim.loop import RoundLoop, RoundPlay
+from fedrepro.sim.loop import RoundLoop, RoundPlay, draw_clients
 from fedrepro.sim.runs import RoundTrace, RunResult, all_finite, to_device
 from fedrepro.sim.tensors import DeviceData, inference_batch
 
@@ -208,10 +208,7 @@ class HeteroRun(RoundLoop):
     # ----- one client
     def sample_clients(self, rnd: int) -> np.ndarray:
         k = self.num_clients
-        m = max(1, int(round(self.cfg.join_ratio * k)))
-        if m >= k:
-            return np.arange(k)
-        return np.sort(seeding.rng_for(self.seed, seeding.SAMPLING, rnd).choice(k, m, replace=False))
+        return draw_clients(self.seed, rnd, np.arange(k), max(1, int(round(self.cfg.join_ratio * k))))
 
     def local_batches(self, idx: Tensor, gen: torch.Generator) -> Iterator[Tensor]:
         """``local_epochs`` reshuffled passes over ``idx`` in batches (the last partial one dropped with

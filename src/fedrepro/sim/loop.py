@@ -25,6 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from fedrepro import seeding
@@ -48,6 +49,14 @@ class Totals:
     bytes_up: int = 0
     bytes_down: int = 0
     seconds: float = 0.0
+
+
+def draw_clients(seed: int, rnd: int, pool: np.ndarray, m: int) -> np.ndarray:
+    """Round ``rnd``'s clients: ``m`` of ``pool`` drawn without replacement, sorted; all of it when ``m`` covers it.
+    A pure function of (seed, round), so a resumed run draws the same; every federation samples with it."""
+    if m >= len(pool):
+        return np.sort(pool)
+    return np.sort(seeding.rng_for(seed, seeding.SAMPLING, rnd).choice(pool, m, replace=False))
 
 
 def stalled(history: list[dict], patience: int) -> bool:

@@ -18,7 +18,7 @@ from fedrepro.sim.batches import epoch_batches
 from fedrepro.sim.checkpoint import module_buffers, restore_buffers
 from fedrepro.sim.engine_choice import SIDE_BY_SIDE, EngineChoice, initial_choice, measure
 from fedrepro.sim.flat import FlatModel
-from fedrepro.sim.loop import RoundLoop, RoundPlay
+from fedrepro.sim.loop import RoundLoop, RoundPlay, draw_clients
 from fedrepro.sim.runs import RoundTrace, RunResult, all_finite, to_device
 from fedrepro.sim.tensors import DeviceData, evaluate
 from fedrepro.sim.vector_optim import VectorOptimizer
@@ -121,10 +121,7 @@ class FederatedRun(RoundLoop):
 
     # ----- one client
     def sample_clients(self, rnd: int) -> np.ndarray:
-        k, m = len(self.clients), self.clients_per_round
-        if m >= k:
-            return np.arange(k)
-        return np.sort(seeding.rng_for(self.seed, seeding.SAMPLING, rnd).choice(k, m, replace=False))
+        return draw_clients(self.seed, rnd, np.arange(len(self.clients)), self.clients_per_round)
 
     def train_client(self, cid: int, rnd: int, w_global: torch.Tensor) -> tuple[dict, torch.Tensor, int]:
         """E local epochs of SGD from ``w_global``; returns (upload, summed batch loss, samples seen)."""
