@@ -115,16 +115,16 @@ def test_a_fedbuff_flush_merges_the_clients_statistics_with_its_step_weights(dat
     w = run.w_init.clone()
     client_buffers = [torch.rand_like(b) + i for i in range(3)]
     for i, buf in enumerate(client_buffers[:2]):
-        w = method.receive(w, _update(i, w, buf))
+        w = method.server_receive(w, _update(i, w, buf))
     torch.testing.assert_close(run.global_buffers, b)  # nothing merged before the flush
-    method.receive(w, _update(2, w, client_buffers[2]))
+    method.server_receive(w, _update(2, w, client_buffers[2]))
     torch.testing.assert_close(run.global_buffers, 0.5 * b + 0.5 * sum(client_buffers) / 3)
 
 
 def test_fedasync_mixes_the_statistics_as_the_parameters(data8):
     run = make_run(data8, build_method("fedasync", alpha=0.6, a=0.5))
     b, buf = run.global_buffers.clone(), torch.rand_like(run.global_buffers)
-    run.method.receive(run.w_init, _update(0, run.w_init, buf, staleness=3))
+    run.method.server_receive(run.w_init, _update(0, run.w_init, buf, staleness=3))
     torch.testing.assert_close(run.global_buffers, 0.7 * b + 0.3 * buf)  # alpha (3 + 1)^-0.5 = 0.3
 
 
@@ -147,7 +147,7 @@ def test_feddle_search_leaves_the_statistics_and_merges_them_with_the_searched_c
     b = run.global_buffers.clone()
     client_buffers = [b + 0.1 + torch.rand_like(b), b + 0.2 * torch.rand_like(b)]
     for i, buf in enumerate(client_buffers):
-        feddle.receive(w, _update(i, w, buf))
+        feddle.server_receive(w, _update(i, w, buf))
     factors = feddle_module.normalize_anchors(torch.stack(feddle.state["anchors"]))[1]
     seen = {}
     search = feddle_module.search_coefficients
@@ -161,7 +161,7 @@ def test_feddle_search_leaves_the_statistics_and_merges_them_with_the_searched_c
     monkeypatch.setattr(feddle_module, "search_coefficients", searching)
     tracked = {k: v for k, v in all_buffers(run.model).items() if "num_batches" in k}
     run.model.train()
-    feddle.round_end(w, 1)
+    feddle.server_end(w, 1)
     assert run.model.training  # the mode it had
     for name, value in seen["before"].items():
         torch.testing.assert_close(seen["after"][name], value, msg=f"the search changed {name}")
@@ -174,7 +174,7 @@ def test_feddle_search_leaves_the_statistics_and_merges_them_with_the_searched_c
 
 
 def test_the_gradient_cosine_in_chunks_equals_one_batch(data8, ood8):
-    """grad_cosine accumulates its gradients over chunks of batch_size: in eval mode (round_end's), BatchNorm
+    """grad_cosine accumulates its gradients over chunks of batch_size: in eval mode (server_end's), BatchNorm
     normalises every chunk with the running statistics, so the result is the one-batch gradient and cosine."""
     run = make_run(data8, build_method("feddle", server_data="out_of_domain", grad_cosine=True), ood=ood8)
     feddle, w = run.method, run.w_init.clone()

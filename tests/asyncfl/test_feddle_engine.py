@@ -195,14 +195,14 @@ def with_true_update(run: AsyncRun) -> AsyncRun:
 def test_true_update_is_the_size_weighted_mean_of_every_clients_update(data8):
     # with every client sampled and no delay, FedAvg's step is sum_j |D_j|/|D| Delta_j: the paper's true update
     run = with_true_update(make_run(data8, "fedavg", rounds=3, join=1.0))
-    steps, round_end = {}, run.method.round_end
+    steps, server_end = {}, run.method.server_end
 
-    def recording_round_end(w, rnd):
-        out = round_end(w, rnd)
+    def recording_server_end(w, rnd):
+        out = server_end(w, rnd)
         steps[rnd] = (out - w).cpu()
         return out
 
-    run.method.round_end = recording_round_end
+    run.method.server_end = recording_server_end
     rows = run.run().history
     for rnd in (1, 2, 3):
         torch.testing.assert_close(run.true_updates[rnd], steps[rnd], rtol=1e-5, atol=1e-7)

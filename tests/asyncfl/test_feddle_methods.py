@@ -118,14 +118,14 @@ def test_a_full_atlas_replaces_the_anchor_with_the_smallest_abs_coefficient():
     w = flat.w.detach().clone()
     deltas = [torch.full_like(w, float(i)) for i in range(5)]
     for i in range(3):
-        feddle.receive(w, update(i, deltas[i]))
+        feddle.server_receive(w, update(i, deltas[i]))
     assert len(feddle.state["anchors"]) == 3
     feddle.state["scores"] = [0.7, 0.05, 0.3]  # |c| of a search
     feddle.state["fresh"] = [False] * 3
-    feddle.receive(w, update(3, deltas[3]))
+    feddle.server_receive(w, update(3, deltas[3]))
     assert [a[0].item() for a in feddle.state["anchors"]] == [0.0, 3.0, 2.0]
     # the new anchor is not yet searched: the next arrival replaces the smallest searched one, not it
-    feddle.receive(w, update(4, deltas[4]))
+    feddle.server_receive(w, update(4, deltas[4]))
     assert [a[0].item() for a in feddle.state["anchors"]] == [0.0, 3.0, 4.0]
     # FIFO without the importance score
     assert replace_slot([0.7, 0.05, 0.3], [4, 2, 9], 3, importance=False) == 1
@@ -146,10 +146,10 @@ def test_fedasync_mixes_by_its_staleness_formula():
     fedasync = build_method("fedasync", alpha=0.6, a=0.5)
     w = torch.tensor([1.0, 2.0, 3.0])
     w_start, delta = torch.tensor([0.0, 1.0, 1.0]), torch.tensor([2.0, 2.0, -1.0])
-    out = fedasync.receive(w, update(0, delta, w_start, staleness=3))
+    out = fedasync.server_receive(w, update(0, delta, w_start, staleness=3))
     mix = 0.6 * (3 + 1) ** -0.5  # alpha * (staleness + 1)^(-a) = 0.3
     torch.testing.assert_close(out, (1 - mix) * w + mix * (w_start + delta))
-    fresh = fedasync.receive(w, update(0, delta, w_start, staleness=0))
+    fresh = fedasync.server_receive(w, update(0, delta, w_start, staleness=0))
     torch.testing.assert_close(fresh, 0.4 * w + 0.6 * (w_start + delta))
 
 
@@ -162,13 +162,13 @@ def test_fedasync_update_form_applies_each_update_to_the_current_model_and_agree
     fedasync = build_method("fedasync", alpha=0.6, a=0.5, form="update")
     w = expected = torch.tensor([1.0, 2.0, 3.0])
     for w_start, delta, staleness in arrivals:
-        w = fedasync.receive(w, update(0, delta, w_start, staleness))
+        w = fedasync.server_receive(w, update(0, delta, w_start, staleness))
         expected = expected + 0.6 * (staleness + 1) ** -0.5 * delta
     torch.testing.assert_close(w, expected)
     mix = build_method("fedasync", alpha=0.6, a=0.5, form="mix")
     here = torch.tensor([1.0, -2.0, 0.5])  # a fresh update starts from the current model: both forms agree
     fresh = update(0, torch.tensor([0.3, 0.1, -0.2]), here.clone(), staleness=0)
-    torch.testing.assert_close(mix.receive(here, fresh), fedasync.receive(here, fresh))
+    torch.testing.assert_close(mix.server_receive(here, fresh), fedasync.server_receive(here, fresh))
 
 
 def test_fedavg_discard_averages_this_rounds_updates_only():
@@ -180,16 +180,16 @@ def test_fedavg_discard_averages_this_rounds_updates_only():
            Update(cid=1, delta=torch.tensor([9.0, 9.0]), w_start=w, dispatch_round=2, staleness=3, num_samples=10),
            Update(cid=2, delta=torch.tensor([0.0, 4.0]), w_start=w, dispatch_round=5, staleness=0, num_samples=10)]
     for u in ups:
-        w = method.receive(w, u)
-    w = method.round_end(w, 5)
+        w = method.server_receive(w, u)
+    w = method.server_end(w, 5)
     torch.testing.assert_close(w, torch.tensor([1.0, 1.0]) + (30 * ups[0].delta + 10 * ups[2].delta) / 40)
     assert method.round_metrics() == {"discarded": 1.0}
-    stale_only = method.round_end(method.receive(w, ups[1]), 6)
+    stale_only = method.server_end(method.server_receive(w, ups[1]), 6)
     torch.testing.assert_close(stale_only, w)
     averaging = build_method("fedavg")  # the other reading: every arrival averaged, however stale
     for u in ups:
-        averaging.receive(w, u)
-    torch.testing.assert_close(averaging.round_end(w, 7), w + (30 * ups[0].delta + 10 * ups[1].delta
+        averaging.server_receive(w, u)
+    torch.testing.assert_close(averaging.server_end(w, 7), w + (30 * ups[0].delta + 10 * ups[1].delta
                                                                + 10 * ups[2].delta) / 50)
 
 
@@ -201,8 +201,8 @@ def test_fedbuff_steps_by_the_mean_of_each_full_buffer_across_rounds():
     w = expected = torch.tensor([0.0, 1.0])
     buffered: list[torch.Tensor] = []
     for rnd, delta in enumerate(deltas):
-        w = fedbuff.receive(w, update(rnd, delta, staleness=rnd % 3))
-        w = fedbuff.round_end(w, rnd)  # a round ends after each arrival: the buffer outlives it
+        w = fedbuff.server_receive(w, update(rnd, delta, staleness=rnd % 3))
+        w = fedbuff.server_end(w, rnd)  # a round ends after each arrival: the buffer outlives it
         buffered.append(delta)
         if len(buffered) == 3:
             expected = expected + 0.5 * torch.stack(buffered).mean(0)
@@ -217,18 +217,18 @@ def test_ca2fl_caches_each_clients_latest_update_and_calibrates_with_the_cache()
     w = torch.zeros(2)
     d = {k: torch.tensor(v) for k, v in {"a1": [1.0, 0.0], "b": [0.0, 2.0], "a2": [3.0, 3.0],
                                          "c": [1.0, 1.0], "a3": [-1.0, 0.0], "b2": [0.0, 1.0]}.items()}
-    w = ca2fl.receive(w, update(1, d["a1"]))
-    w = ca2fl.receive(w, update(2, d["b"]))
-    w = ca2fl.receive(w, update(1, d["a2"]))  # buffer full: h^t = 0 (empty cache at the period's start)
+    w = ca2fl.server_receive(w, update(1, d["a1"]))
+    w = ca2fl.server_receive(w, update(2, d["b"]))
+    w = ca2fl.server_receive(w, update(1, d["a2"]))  # buffer full: h^t = 0 (empty cache at the period's start)
     # v = 0 + ((a1 - 0) + (b - 0) + (a2 - a1)) / 3
     torch.testing.assert_close(w, (d["b"] + d["a2"]) / 3)
     assert set(ca2fl.state["cache"]) == {1, 2}
     torch.testing.assert_close(ca2fl.state["cache"][1], d["a2"])
     torch.testing.assert_close(ca2fl.state["cache"][2], d["b"])
     w_before = w.clone()
-    w = ca2fl.receive(w, update(3, d["c"]))
-    w = ca2fl.receive(w, update(1, d["a3"]))
-    w = ca2fl.receive(w, update(2, d["b2"]))
+    w = ca2fl.server_receive(w, update(3, d["c"]))
+    w = ca2fl.server_receive(w, update(1, d["a3"]))
+    w = ca2fl.server_receive(w, update(2, d["b2"]))
     h = (d["a2"] + d["b"]) / 4  # cache mean over all 4 clients at the second period's start
     calib = (d["c"] + (d["a3"] - d["a2"]) + (d["b2"] - d["b"])) / 3
     torch.testing.assert_close(w, w_before + h + calib)
@@ -350,7 +350,7 @@ def test_hfcl_server_trains_with_the_clients_optimiser(digits_prepared, monkeypa
         return weighted_mean(vectors, weights)
 
     monkeypatch.setattr(base, "weighted_mean", recording_mean)
-    hfcl.receive(w, update(0, torch.zeros_like(w), w))
-    hfcl.round_end(w, 1)
+    hfcl.server_receive(w, update(0, torch.zeros_like(w), w))
+    hfcl.server_end(w, 1)
     assert merged["weights"] == [10, 50]  # the server's update weighs its 50 samples
     torch.testing.assert_close(merged["deltas"][1], expected, atol=1e-5, rtol=1e-4)

@@ -79,7 +79,7 @@ def test_ca2fl_equals_a_plain_dict_cache_bit_for_bit(device):
     expected, cache, cache_sum = reference_ca2fl(torch.zeros(P, device=device), updates)
     method, w = ca2fl(), torch.zeros(P, device=device)
     for u, want in zip(updates, expected, strict=True):
-        w = method.receive(w, u)
+        w = method.server_receive(w, u)
         assert torch.equal(w, want)
     assert torch.equal(method.state["cache_sum"], cache_sum)
     assert method.state["cache"].keys() == cache.keys()
@@ -92,7 +92,7 @@ def test_ca2fl_device_memory_does_not_grow_with_the_clients_that_reported():
     allocated = []
     for reported in (2, 8, 14):
         for u in arrivals(list(range(reported)), "cuda", seed=reported):
-            w = method.receive(w, u)
+            w = method.server_receive(w, u)
         allocated.append(torch.cuda.memory_allocated())
         assert all(row.device.type == "cpu" for row in method.state["cache"].values())
     assert allocated[0] == allocated[1] == allocated[2]
@@ -104,7 +104,7 @@ def test_a_resumed_ca2fl_keeps_its_cache_in_host_memory_and_o_p_state_on_the_dev
     the cache rows where torch.load put them, in host memory, uncopied."""
     method, w = ca2fl(), torch.zeros(P)
     for u in arrivals(list(range(reported)), "cpu"):
-        w = method.receive(w, u)
+        w = method.server_receive(w, u)
     resumed = ca2fl()
     resumed.load_state(method.state, torch.device("meta"))
     assert device_bytes(resumed.state, torch.device("meta")) == 3 * 4 * P  # cache_sum, calib, h^t

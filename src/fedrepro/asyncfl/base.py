@@ -2,12 +2,12 @@
 round, the updates that arrived are averaged (weighted by the clients' sample counts) and added to the
 global model, however stale they are. A method overrides only what it changes.
 
-A round (asyncfl/engine.py): ``round_begin``; for each update that arrives this round, in a fixed order,
-``receive`` (which may change the global model at once: FedAsync, FedBuff when its buffer fills); then
-``round_end`` (FedAvg's average, Feddle's coefficient search). ``server_data`` says which server-side data
+A round (asyncfl/engine.py): ``server_begin``; for each update that arrives this round, in a fixed order,
+``server_receive`` (which may change the global model at once: FedAsync, FedBuff when its buffer fills); then
+``server_end`` (FedAvg's average, Feddle's coefficient search). ``server_data`` says which server-side data
 set a method trains on (None, "in_domain" or "out_of_domain"); the engine hands it over in ``setup``.
 Everything that must survive a checkpoint lives in ``self.state`` (tensors, numbers, lists and dicts of them);
-what ``receive`` buffers within a round is cleared by ``round_end`` before any checkpoint. State that grows with
+what ``server_receive`` buffers within a round is cleared by ``server_end`` before any checkpoint. State that grows with
 the number of clients is declared (``state_bytes_per_client``, to project memory to a paper's client count) and
 kept in host memory, never on the run's device (``host_state``: CA2FL's cache).
 
@@ -95,15 +95,15 @@ class AsyncMethod:
         self.state = {k: to_device(v, HOST if k in self.host_state else device) for k, v in state.items()}
 
     # ----- server
-    def round_begin(self, w: Tensor, rnd: int) -> None:
+    def server_begin(self, w: Tensor, rnd: int) -> None:
         """Start of round ``rnd``."""
 
-    def receive(self, w: Tensor, update: Update) -> Tensor:
+    def server_receive(self, w: Tensor, update: Update) -> Tensor:
         """One arrived update; returns the global model (default: unchanged, the update is buffered)."""
         self._arrived.append(update)
         return w
 
-    def round_end(self, w: Tensor, rnd: int) -> Tensor:
+    def server_end(self, w: Tensor, rnd: int) -> Tensor:
         """End of round ``rnd``: the next global model (default: the sample-weighted mean update)."""
         if not self._arrived:
             return w

@@ -287,7 +287,7 @@ class AsyncRun(RoundLoop):
                 self.inflight.append(InFlight(rnd + draw_delay(self.seed, rnd, cid, self.asyn.delay_sigma), rnd, cid))
         self.arriving = sorted((f for f in self.inflight if f.arrival == rnd), key=lambda f: (f.dispatch_round, f.cid))
         self.inflight = [f for f in self.inflight if f.arrival != rnd]
-        self.server_call(method.round_begin, w, rnd)
+        self.server_call(method.server_begin, w, rnd)
         loss_sum = torch.zeros((), device=w.device)
         seen = 0
         trace = RoundTrace()
@@ -303,11 +303,11 @@ class AsyncRun(RoundLoop):
             if self.true is not None and update.staleness == 0:  # trained from this round's model, as the truth
                 self.true_cos.append(torch.nn.functional.cosine_similarity(update.delta, self.true, dim=0).item())
             with torch.no_grad():
-                w = self.server_call(method.receive, w, update)
+                w = self.server_call(method.server_receive, w, update)
         still_needed = {f.dispatch_round for f in self.inflight}
         self.snapshots = {r: v for r, v in self.snapshots.items() if r in still_needed}
         self.buffer_snapshots = {r: v for r, v in self.buffer_snapshots.items() if r in still_needed}
-        self.w = self.server_call(method.round_end, w, rnd).detach()
+        self.w = self.server_call(method.server_end, w, rnd).detach()
         if self.true is not None:
             self.true_updates[rnd] = self.true.cpu()
         return RoundPlay(loss_sum.item() / seen if seen else None, bad=not all_finite(self.w), trace=trace)

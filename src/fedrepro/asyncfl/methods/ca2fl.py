@@ -27,7 +27,7 @@ class CA2FL(AsyncMethod):
         super().__init__()
         self.server_lr, self.buffer_size = server_lr, buffer_size
 
-    def receive(self, w: Tensor, update: Update) -> Tensor:
+    def server_receive(self, w: Tensor, update: Update) -> Tensor:
         s = self.state
         if "cache" not in s:
             s.update(cache={}, cache_sum=torch.zeros_like(w), calib=torch.zeros_like(w), count=0, base=None,
@@ -56,7 +56,7 @@ class CA2FL(AsyncMethod):
         s["count"] = 0
         return w
 
-    def round_end(self, w: Tensor, rnd: int) -> Tensor:
+    def server_end(self, w: Tensor, rnd: int) -> Tensor:
         return w
 
     def state_bytes_per_client(self, num_params: int) -> int:

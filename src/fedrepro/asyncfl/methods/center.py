@@ -21,7 +21,7 @@ class Center(AsyncMethod):
         self.server_data = "in_domain"
         self.lr, self.epochs, self.batch_size, self.optimizer = lr, epochs, batch_size, optimizer
 
-    def round_end(self, w: Tensor, rnd: int) -> Tensor:
+    def server_end(self, w: Tensor, rnd: int) -> Tensor:
         if rnd != 1:
             return w
         return self.train_on_server_data(w, rnd)

@@ -33,12 +33,12 @@ class FedAsync(AsyncMethod):
         super().__init__()
         self.alpha, self.a, self.form = alpha, a, form
 
-    def receive(self, w: Tensor, update: Update) -> Tensor:
+    def server_receive(self, w: Tensor, update: Update) -> Tensor:
         mix = mixing_weight(self.alpha, self.a, update.staleness)
         self.mix_buffers([mix], [update.buffers])
         if self.form == "update":
             return w + mix * update.delta
         return (1.0 - mix) * w + mix * (update.w_start + update.delta)
 
-    def round_end(self, w: Tensor, rnd: int) -> Tensor:
+    def server_end(self, w: Tensor, rnd: int) -> Tensor:
         return w

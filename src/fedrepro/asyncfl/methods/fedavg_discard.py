@@ -13,11 +13,11 @@ from fedrepro.asyncfl.base import AsyncMethod, Update
 class FedAvgDiscard(AsyncMethod):
     name = "fedavg_discard"
 
-    def receive(self, w: Tensor, update: Update) -> Tensor:
+    def server_receive(self, w: Tensor, update: Update) -> Tensor:
         if update.staleness > 0:
             self.state["discarded"] = self.state.get("discarded", 0) + 1
             return w
-        return super().receive(w, update)
+        return super().server_receive(w, update)
 
     def round_metrics(self) -> dict[str, float]:
         return {"discarded": float(self.state.get("discarded", 0))}

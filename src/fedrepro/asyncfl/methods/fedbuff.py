@@ -19,7 +19,7 @@ class FedBuff(AsyncMethod):
         super().__init__()
         self.server_lr, self.buffer_size = server_lr, buffer_size
 
-    def receive(self, w: Tensor, update: Update) -> Tensor:
+    def server_receive(self, w: Tensor, update: Update) -> Tensor:
         s = self.state
         if "sum" not in s:
             s.update(sum=torch.zeros_like(w), count=0,
@@ -38,5 +38,5 @@ class FedBuff(AsyncMethod):
         s["count"] = 0
         return w
 
-    def round_end(self, w: Tensor, rnd: int) -> Tensor:
+    def server_end(self, w: Tensor, rnd: int) -> Tensor:
         return w

@@ -43,12 +43,12 @@ class FedDF(AsyncMethod):
             summed = logits if summed is None else summed + logits
         return F.softmax(summed / len(teachers) / self.temperature, dim=1)
 
-    def round_end(self, w: Tensor, rnd: int) -> Tensor:
+    def server_end(self, w: Tensor, rnd: int) -> Tensor:
         if not self._arrived:
             return w
         teachers = [u.w_start + u.delta for u in self._arrived]
         teacher_buffers = [u.buffers for u in self._arrived]
-        w = super().round_end(w, rnd)
+        w = super().server_end(w, rnd)
         x, t = self.run.server_x, self.temperature
         target = self.ensemble_probs(x, teachers, teacher_buffers)
         self.load_global_buffers()  # the student: the merged model, statistics included

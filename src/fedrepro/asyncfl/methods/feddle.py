@@ -68,7 +68,7 @@ class Feddle(AsyncMethod):
         self.state = {"anchors": [], "anchor_buffers": [], "scores": [], "ages": [], "fresh": [], "added": 0,
                       "stats": dict.fromkeys(stats, math.nan)}
 
-    def receive(self, w: Tensor, update: Update) -> Tensor:
+    def server_receive(self, w: Tensor, update: Update) -> Tensor:
         s = self.state
         slot = replace_slot(s["scores"], s["ages"], self.capacity, self.importance)
         # not yet searched: never replaced by score
@@ -88,7 +88,7 @@ class Feddle(AsyncMethod):
         fresh = torch.tensor(self.state["fresh"], device=factors.device)
         return torch.where(fresh, self.fedbuff_lr / fresh.sum() / factors, torch.zeros_like(factors))
 
-    def round_end(self, w: Tensor, rnd: int) -> Tensor:
+    def server_end(self, w: Tensor, rnd: int) -> Tensor:
         s = self.state
         if not any(s["fresh"]):
             return w

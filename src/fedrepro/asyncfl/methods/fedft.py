@@ -20,7 +20,7 @@ class FedFT(AsyncMethod):
         self.server_data = "in_domain"
         self.lr, self.epochs, self.batch_size, self.optimizer = lr, epochs, batch_size, optimizer
 
-    def round_end(self, w: Tensor, rnd: int) -> Tensor:
+    def server_end(self, w: Tensor, rnd: int) -> Tensor:
         if not self._arrived:
             return w
-        return self.train_on_server_data(super().round_end(w, rnd), rnd)
+        return self.train_on_server_data(super().server_end(w, rnd), rnd)

@@ -26,7 +26,7 @@ class HFCL(AsyncMethod):
         self.server_data = "in_domain"
         self.epochs, self.batch_size = epochs, batch_size
 
-    def round_end(self, w: Tensor, rnd: int) -> Tensor:
+    def server_end(self, w: Tensor, rnd: int) -> Tensor:
         if not self._arrived:
             return w
         run = self.run
@@ -41,4 +41,4 @@ class HFCL(AsyncMethod):
         buffers = self.flat.buffers() if run.global_buffers is not None else None
         self._arrived.append(Update(cid=SERVER_CLIENT, delta=self.flat.w.detach() - w, w_start=w,
                                     dispatch_round=rnd, staleness=0, num_samples=n, buffers=buffers))
-        return super().round_end(w, rnd)
+        return super().server_end(w, rnd)
