@@ -37,14 +37,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedrepro import defaults, seeding
+from fedrepro import seeding
 from fedrepro.hetero.base import ClientRound, HeteroMethod
 from fedrepro.models.cnn import SplitModel
 from fedrepro.models.groups import build_arch, group_members
 from fedrepro.sim.batches import epoch_batches
 from fedrepro.sim.checkpoint import CheckpointError
 from fedrepro.sim.flat import FlatModel
-from fedrepro.sim.loop import RoundLoop, RoundPlay, draw_clients
+from fedrepro.sim.loop import RoundConfig, RoundLoop, RoundPlay, draw_clients
 from fedrepro.sim.runs import RoundTrace, RunResult, all_finite, to_device
 from fedrepro.sim.tensors import DeviceData, inference_batch
 
@@ -53,24 +53,12 @@ SPLIT, GUIDE, META, AUX, SERVER_TRAIN = 101, 102, 103, 104, 105
 ENGINE = "hetero"  # checkpoints of this engine say so: a homogeneous run's checkpoint is refused
 
 
-_DEFAULT = defaults.training()  # the study schema's (fedrepro.defaults)
-
-
 @dataclass
-class HeteroConfig:
-    """Training settings (the names shared with sim.sync.TrainingConfig mean the same)."""
+class HeteroConfig(RoundConfig):
+    """The shared loop's training keys (sim/loop.py; the names shared with sim.sync.TrainingConfig mean the same);
+    HtFLlib's drop_last (floor(n_i / batch) steps per epoch) is set by its studies, and the engine's own settings
+    have no study key."""
 
-    rounds: int
-    local_epochs: int = _DEFAULT["local_epochs"]
-    batch_size: int = _DEFAULT["batch_size"]
-    lr: float = _DEFAULT["lr"]
-    join_ratio: float = _DEFAULT["join_ratio"]
-    eval_every: int = _DEFAULT["eval_every"]
-    last_k: int = _DEFAULT["last_k"]
-    checkpoint_every: int = _DEFAULT["checkpoint_every"]
-    drop_last: bool = _DEFAULT["drop_last"]  # HtFLlib's floor(n_i / batch) steps per epoch: its studies set true
-    early_stop: int = _DEFAULT["early_stop"]  # the shared loop's (sim/loop.py)
-    # the engine's own settings (no study key)
     train_fraction: float = 0.75  # each client's own train / test split
     offload: bool = False  # keep the clients' states on the CPU between their turns
 

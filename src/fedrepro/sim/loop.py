@@ -28,9 +28,28 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedrepro import seeding
+from fedrepro import defaults, seeding
 from fedrepro.sim.checkpoint import close_round, load_checkpoint, resume_progress
 from fedrepro.sim.runs import RoundTrace, RunResult, diverged_loss
+
+_DEFAULT = defaults.training()  # the study schema's (fedrepro.defaults)
+
+
+@dataclass
+class RoundConfig:
+    """The training keys every federation reads (a study's `defaults`, workflow/schemas/study.schema.yaml, where each
+    is described); each engine's config adds its own."""
+
+    rounds: int
+    local_epochs: int = _DEFAULT["local_epochs"]
+    batch_size: int = _DEFAULT["batch_size"]
+    lr: float = _DEFAULT["lr"]
+    join_ratio: float = _DEFAULT["join_ratio"]
+    eval_every: int = _DEFAULT["eval_every"]
+    last_k: int = _DEFAULT["last_k"]
+    checkpoint_every: int = _DEFAULT["checkpoint_every"]
+    drop_last: bool = _DEFAULT["drop_last"]  # drop each epoch's short last batch (sim/batches.py)
+    early_stop: int = _DEFAULT["early_stop"]  # stop once this many rounds pass without a better test accuracy
 
 
 @dataclass
@@ -71,7 +90,7 @@ def stalled(history: list[dict], patience: int) -> bool:
 class RoundLoop:
     """The shared loop; see the module's docstring for what a federation overrides."""
 
-    cfg: Any  # rounds, eval_every, checkpoint_every; early_stop and keep_best where the federation has them
+    cfg: RoundConfig  # and keep_best where the federation hands a model on
     seed: int
     log: Callable[[str], None]
 
@@ -109,7 +128,7 @@ class RoundLoop:
     # ----- the loop
     def run(self, checkpoint: Path | None = None, fingerprint: str = "") -> RunResult:
         cfg = self.cfg
-        early_stop, keep_best = getattr(cfg, "early_stop", 0), getattr(cfg, "keep_best", False)
+        early_stop, keep_best = cfg.early_stop, getattr(cfg, "keep_best", False)
         result = self.result = self.new_result()
         self.totals = Totals()
         self.best: dict[str, Any] | None = None  # keep_best: the best evaluated model so far, on the CPU

@@ -18,7 +18,7 @@ from fedrepro.sim.batches import epoch_batches
 from fedrepro.sim.checkpoint import module_buffers, restore_buffers
 from fedrepro.sim.engine_choice import SIDE_BY_SIDE, EngineChoice, initial_choice, measure
 from fedrepro.sim.flat import FlatModel
-from fedrepro.sim.loop import RoundLoop, RoundPlay, draw_clients
+from fedrepro.sim.loop import RoundConfig, RoundLoop, RoundPlay, draw_clients
 from fedrepro.sim.runs import RoundTrace, RunResult, all_finite, to_device
 from fedrepro.sim.tensors import DeviceData, evaluate
 from fedrepro.sim.vector_optim import VectorOptimizer
@@ -28,25 +28,16 @@ _DEFAULT = defaults.training()  # the study schema's, the one place defaults liv
 
 
 @dataclass
-class TrainingConfig:
-    """A run's training keys (a study's `defaults`, workflow/schemas/study.schema.yaml, where each is described)."""
+class TrainingConfig(RoundConfig):
+    """A run's training keys (a study's `defaults`, workflow/schemas/study.schema.yaml, where each is described):
+    the shared loop's (sim/loop.py) and the synchronous engine's."""
 
-    rounds: int
-    local_epochs: int = _DEFAULT["local_epochs"]
-    batch_size: int = _DEFAULT["batch_size"]
-    lr: float = _DEFAULT["lr"]
     momentum: float = _DEFAULT["momentum"]
     weight_decay: float = _DEFAULT["weight_decay"]
-    join_ratio: float = _DEFAULT["join_ratio"]
-    eval_every: int = _DEFAULT["eval_every"]
-    last_k: int = _DEFAULT["last_k"]
-    checkpoint_every: int = _DEFAULT["checkpoint_every"]
     straggler_steps: list[int] | None = _DEFAULT["straggler_steps"]  # [lo, hi]: local iterations per client, round
-    drop_last: bool = _DEFAULT["drop_last"]  # drop each epoch's short last batch (sim/batches.py)
     optimizer: str = _DEFAULT["optimizer"]  # the clients' local optimiser: sgd or adam (sim/vector_optim.py)
     lr_decay: float = _DEFAULT["lr_decay"]  # the learning rate is multiplied by this every lr_decay_every rounds
     lr_decay_every: int = _DEFAULT["lr_decay_every"]  # 0: a constant learning rate
-    early_stop: int = _DEFAULT["early_stop"]  # stop once this many rounds pass without a better test accuracy
     keep_best: bool = _DEFAULT["keep_best"]  # what follows the run (fine-tuning) gets its best evaluated model
 
     def lr_at(self, rnd: int) -> float:
