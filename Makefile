@@ -15,7 +15,8 @@ $(error KERNELS=$(KERNELS): one of native, avx2, sse41)
 endif
 WITH_KERNELS := env $(KERNELS_$(KERNELS))
 
-.PHONY: run test browser fashion-mnist laptop-full laptop-feddle-600 snapshot-laptop-full lint bench kernel-check cost \
+.PHONY: run test browser fashion-mnist laptop-full laptop-feddle-600 laptop-feddle-table5 laptop-feddle-table5-clients \
+	laptop-feddle-table5-server snapshot-laptop-full lint bench kernel-check cost \
 	preflight clean-results \
 	clean-paper-results
 
@@ -63,6 +64,17 @@ laptop-full: $(VENV)/.installed fashion-mnist
 # laptop-full: docs/laptop-full.md), into results/laptop-feddle-600
 laptop-feddle-600: $(VENV)/.installed fashion-mnist
 	$(BIN)/snakemake --cores $(CORES) --configfile config/laptop-feddle-600.yaml
+
+# Feddle's Table 5 on Fashion-MNIST, four columns, at the paper's tuning protocol (not in laptop-full; ~50 core-hours
+# estimated by fedrepro.cost: docs/measurements/laptop-feddle-table5.md), in three parts that each resume where they
+# stopped: the clients' policy (~1 core-hour), each method's own grid (~41), then the table (~11)
+TABLE5 := results/laptop-feddle-table5/feddle-table5
+laptop-feddle-table5-clients: $(VENV)/.installed fashion-mnist
+	$(BIN)/snakemake --cores $(CORES) $(TABLE5)/tuning/clients.md --configfile config/laptop-feddle-table5.yaml
+laptop-feddle-table5-server: $(VENV)/.installed fashion-mnist
+	$(BIN)/snakemake --cores $(CORES) $(TABLE5)/tuning/server.md --configfile config/laptop-feddle-table5.yaml
+laptop-feddle-table5: $(VENV)/.installed fashion-mnist
+	$(BIN)/snakemake --cores $(CORES) --configfile config/laptop-feddle-table5.yaml
 
 # copy a complete laptop-full run's scorecard, tables and figures into docs/results/laptop-full (WALL_TIME: as measured;
 # REFRESH=study ...: replace only those studies' files, from a run of them alone: docs/laptop-full.md)

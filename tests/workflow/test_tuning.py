@@ -202,3 +202,19 @@ def test_the_stages_choices_reach_the_final_runs_and_a_changed_choice_trains_the
     second = json.loads((root / "results/tiny--tune-prox/runs/iid/fedprox-mu1.0/seed10/summary.json").read_text())
     assert second["config"]["training"]["lr"] == 0.02
     assert copy.deepcopy(after["fedprox/1"]["config"]["tuned"][0]["values"]) == {"training.lr": 0.02}
+
+
+def test_feddles_table5_study_tunes_every_method_by_app_d_and_then_runs_all_four_columns():
+    """config/laptop-feddle-table5.yaml: the clients' policy on FedAvg for every method, then each method's App. D
+    grid, on a seed no table reports; no method keeps a value the tuning chooses; the table has all four columns."""
+    config = resolve_config(yaml.safe_load((REPO / "config" / "laptop-feddle-table5.yaml").read_text()), root=REPO)
+    study = config["studies"]["feddle-table5"]
+    clients, server = (config["tuning_studies"][f"feddle-table5--tune-{s}"] for s in ("clients", "server"))
+    assert set(study["tuning"]["seeds"]).isdisjoint(study["seeds"])
+    assert len(clients["methods"]) == 6 and len(server["methods"]) == 9 * 9  # 3 x 2 client points; 9 grids of 9
+    for method in ("fedbuff", "ca2fl", "fedasync", "feddle", "center"):
+        assert not run_spec(study, "fm-d03-n5", method)["hparams"].keys() & {"server_lr", "buffer_size", "a",
+                                                                             "alpha", "lr", "epochs"}
+    assert [c["setting"] for c in study["tables"]["table5"]["columns"]] == ["fm-d01-n20", "fm-d01-n5",
+                                                                           "fm-d03-n20", "fm-d03-n5"]
+    assert run_spec(study, "fm-d03-n5", "fedavg")["async"]["delay_sigma"] == 5.0
