@@ -110,8 +110,8 @@ def train(spec: dict, data: Path, partitions: list[Path], seeds: list[int], inde
     stage) -> choice file; fedrepro.tuning), its checkpoints in a folder of those choices."""
     import time
 
-    from fedrepro.federations import job_of
     from fedrepro.io import atomic_write_json
+    from fedrepro.train import train_job
     from fedrepro.tuning import apply_choices, tuned_digest
 
     spec = apply_choices(spec, tuned or {})
@@ -119,7 +119,6 @@ def train(spec: dict, data: Path, partitions: list[Path], seeds: list[int], inde
         chosen = "; ".join(f"{t['stage']}: {t['values']}" for t in spec["tuned"])
         log(f"tuned: {chosen}")
         checkpoint_dir = Path(checkpoint_dir) / f"tuned-{digest}"
-    train_job = job_of(spec.get("federation", "sync"))  # FedL2G's per-client models, Feddle's delays, ...
     index = Path(index)
     out_dirs = {s: index.parent / f"seed{s}" for s in seeds}
     results = train_job(

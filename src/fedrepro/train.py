@@ -238,6 +238,10 @@ def run_seeds(
     return results
 
 
+RunBuilder = Callable[[int, list[np.ndarray], DeviceData, Callable[[str], None]], SeedRun]
+RunFinisher = Callable[[SeedRun, Path], None]
+
+
 def train_job(
     spec: dict,
     data_path: Path,
@@ -251,11 +255,19 @@ def train_job(
     keep_checkpoints: bool = False,
     keep_model: bool = False,
 ) -> dict[int, RunResult]:
-    """Train ``spec`` (federation sync) for every seed; each seed resumes from its checkpoint if one matches
-    (what a finished seed keeps: run_seeds). ``engine: {mode: auto}`` on CUDA measures in the job's first
-    seed; the later seeds keep its choice."""
+    """Train ``spec`` for every seed, each with the run its federation builds (fedrepro.federations: ``runs``);
+    each seed resumes from its checkpoint if one matches (what a finished seed keeps: run_seeds)."""
+    from fedrepro.federations import runs_of
+
+    build, finish = runs_of(spec.get("federation", "sync"))(spec, Path(data_path), engine or {})
+    return run_seeds(spec, data_path, partitions, out_dirs, checkpoint_dir, device, threads, log, build, finish,
+                     keep_checkpoints=keep_checkpoints, keep_model=keep_model)
+
+
+def sync_runs(spec: dict, data_path: Path, engine: dict) -> tuple[RunBuilder, RunFinisher | None]:
+    """How a `federation: sync` job builds each seed's run. ``engine: {mode: auto}`` on CUDA measures in the job's
+    first seed; the later seeds keep its choice."""
     training = TrainingConfig(**spec["training"])
-    engine = engine or {}
     previous: list[FederatedRun] = []  # the seed built last, finished when the next one is built
 
     def build(seed: int, parts: list[np.ndarray], data: DeviceData, log: Callable[[str], None]) -> FederatedRun:
@@ -277,5 +289,4 @@ def train_job(
         previous.append(run)
         return run
 
-    return run_seeds(spec, data_path, partitions, out_dirs, checkpoint_dir, device, threads, log, build,
-                     keep_checkpoints=keep_checkpoints, keep_model=keep_model)
+    return build, None

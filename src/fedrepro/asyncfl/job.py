@@ -1,4 +1,4 @@
-"""One train job of a `federation: async` study (Feddle): every seed of one method on one setting."""
+"""The runs of a `federation: async` study (Feddle), as its train jobs (fedrepro.train.train_job) build them."""
 
 from __future__ import annotations
 
@@ -13,10 +13,9 @@ from fedrepro.asyncfl.methods import build_method
 from fedrepro.data.format import load_prepared
 from fedrepro.io import atomic_write_npz
 from fedrepro.models import build_model
-from fedrepro.sim.runs import RunResult
 from fedrepro.sim.sync import TrainingConfig
 from fedrepro.sim.tensors import DeviceData, to_device_data
-from fedrepro.train import run_seeds
+from fedrepro.train import RunBuilder, RunFinisher
 
 TRUE_UPDATES = "true_update_cosines.npz"  # with async.true_update: the cosine between rounds' true updates (Fig. 2b)
 
@@ -26,21 +25,9 @@ def ood_path(data_path: Path, dataset: str) -> Path:
     return Path(data_path).parent / f"{dataset}.npz"
 
 
-def train_async_job(
-    spec: dict,
-    data_path: Path,
-    partitions: dict[int, Path],
-    out_dirs: dict[int, Path],
-    checkpoint_dir: Path | None,
-    device: str = "auto",
-    threads: int = 1,
-    log: Callable[[str], None] = print,
-    engine: dict | None = None,  # the synchronous engine's options: clients train one at a time here
-    keep_checkpoints: bool = False,
-    keep_model: bool = False,
-) -> dict[int, RunResult]:
-    """Train ``spec`` for every seed; each seed resumes from its checkpoint if one matches (what a finished
-    seed keeps: train.run_seeds)."""
+def async_runs(spec: dict, data_path: Path, engine: dict) -> tuple[RunBuilder, RunFinisher]:
+    """How a `federation: async` job builds each seed's run, and what it writes beside a finished one (the
+    synchronous engine's options, ``engine``: clients train one at a time here)."""
     asyn = AsyncConfig(**spec["async"])
     ood_cache: dict[str, DeviceData] = {}
 
@@ -74,5 +61,4 @@ def train_async_job(
             rounds, cosines = run.true_update_cosines()
             atomic_write_npz(out / TRUE_UPDATES, rounds=rounds, cosines=cosines)
 
-    return run_seeds(spec, data_path, partitions, out_dirs, checkpoint_dir, device, threads, log, build, finish,
-                     keep_checkpoints=keep_checkpoints, keep_model=keep_model)
+    return build, finish

@@ -1,5 +1,5 @@
-"""One train job of a `federation: hetero` study (FedL2G): every seed of one method on one setting, each client
-training architecture ``i mod X`` of the setting's model group."""
+"""The runs of a `federation: hetero` study (FedL2G), as its train jobs (fedrepro.train.train_job) build them: each
+client trains architecture ``i mod X`` of the setting's model group."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
-from fedrepro.hetero.engine import HeteroConfig, HeteroResult, HeteroRun
+from fedrepro.hetero.engine import HeteroConfig, HeteroRun
 from fedrepro.hetero.methods import build_method
 from fedrepro.io import atomic_write_npz
 from fedrepro.sim.tensors import DeviceData
-from fedrepro.train import run_seeds
+from fedrepro.train import RunBuilder, RunFinisher
 
 EMBEDDINGS = "embeddings.npz"  # a seed's anchors and the clients' test representations, beside summary.json
 
@@ -25,21 +25,9 @@ def hetero_config(training: dict) -> HeteroConfig:
     return HeteroConfig(**{k: v for k, v in training.items() if k in names})
 
 
-def train_hetero_job(
-    spec: dict,
-    data_path: Path,
-    partitions: dict[int, Path],
-    out_dirs: dict[int, Path],
-    checkpoint_dir: Path | None,
-    device: str = "auto",
-    threads: int = 1,
-    log: Callable[[str], None] = print,
-    engine: dict | None = None,  # the homogeneous engine's options: nothing to choose here
-    keep_checkpoints: bool = False,
-    keep_model: bool = False,
-) -> dict[int, HeteroResult]:
-    """Train ``spec`` for every seed; each seed resumes from its checkpoint if one matches (what a finished
-    seed keeps: train.run_seeds)."""
+def hetero_runs(spec: dict, data_path: Path, engine: dict) -> tuple[RunBuilder, RunFinisher]:
+    """How a `federation: hetero` job builds each seed's run, and what it writes beside a finished one (the
+    homogeneous engine's options, ``engine``, choose nothing here)."""
     training = hetero_config(spec["training"])
 
     def build(seed: int, parts: list[np.ndarray], data: DeviceData, log: Callable[[str], None]) -> HeteroRun:
@@ -54,5 +42,4 @@ def train_hetero_job(
             atomic_write_npz(out / EMBEDDINGS, anchors=vectors.detach().cpu().numpy(), space=np.array(space),
                              **run.embeddings(space))
 
-    return run_seeds(spec, data_path, partitions, out_dirs, checkpoint_dir, device, threads, log, build, finish,
-                     keep_checkpoints=keep_checkpoints, keep_model=keep_model)
+    return build, finish
