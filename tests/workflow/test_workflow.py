@@ -115,8 +115,10 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_paper_scale_dry_run_lists_every_job(tmp_path):
+    """One dry run of the whole paper config (minutes of DAG building): every train, table and figure job, and a
+    fine-tuning job per transferred run (FedGTST)."""
     from fedrepro.config import load_yaml, resolve_config
-    from fedrepro.study import grid_runs
+    from fedrepro.study import grid_runs, transfer_runs
 
     paper = resolve_config(load_yaml(REPO / "config" / "paper.yaml"))
     proc = snakemake("-n", "--directory", str(tmp_path), "--configfile", str(REPO / "config" / "config.yaml"),
@@ -128,6 +130,10 @@ def test_paper_scale_dry_run_lists_every_job(tmp_path):
     assert counts["figure"] == sum(len(s["figures"]) for s in paper["studies"].values())
     assert counts["scorecard"] == 1 and "showcase" not in counts  # the README shows the embedded default
     assert counts["download_dataset"] >= 5
+    assert counts["finetune"] == sum(len(transfer_runs(s)) for s in paper["studies"].values()) == 120
+    assert counts["aggregate_finetune"] == 1
+    # DomainNet: six domains downloaded and prepared once each, six leave-one-out sources built from them
+    assert "domainnet_no_clipart" in proc.stdout and "domainnet_sketch/raw/MANIFEST.json" in proc.stdout
 
 
 def _files_under(root: Path, skip: Path | None = None) -> dict[str, bytes]:
