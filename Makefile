@@ -16,8 +16,8 @@ endif
 WITH_KERNELS := env $(KERNELS_$(KERNELS))
 
 .PHONY: run test browser fashion-mnist laptop-full laptop-feddle-600 laptop-feddle-table5 laptop-feddle-table5-clients \
-	laptop-feddle-table5-server snapshot-laptop-full lint bench kernel-check cost \
-	preflight clean-results \
+	laptop-feddle-table5-server laptop-feddle-table5-d01 laptop-feddle-table5-d03 snapshot-laptop-full lint bench \
+	kernel-check cost preflight clean-results \
 	clean-paper-results
 
 # --no-compile: pip would byte-compile all ~12,000 modules (~40 s of one core, mostly torch's); Python compiles
@@ -65,16 +65,30 @@ laptop-full: $(VENV)/.installed fashion-mnist
 laptop-feddle-600: $(VENV)/.installed fashion-mnist
 	$(BIN)/snakemake --cores $(CORES) --configfile config/laptop-feddle-600.yaml
 
-# Feddle's Table 5 on Fashion-MNIST, four columns, at the paper's tuning protocol (not in laptop-full; ~50 core-hours
-# estimated by fedrepro.cost: docs/measurements/laptop-feddle-table5.md), in three parts that each resume where they
-# stopped: the clients' policy (~1 core-hour), each method's own grid (~41), then the table (~11)
+# Feddle's Table 5 on Fashion-MNIST, four columns, at the paper's tuning protocol, with Tables 3 and 6 and Figs. 2, 6
+# and 7 on the same data (not in laptop-full; ~58 core-hours estimated by fedrepro.cost), in parts of at most a few
+# hours on 2 cores that each resume where they stopped (docs/measurements/laptop-feddle-table5.md): the clients'
+# policy; each method's own grid (laptop-feddle-table5-server-<method>, then -server chooses); Table 5's D(0.1) and
+# D(0.3) columns; the rest (Tables 3 and 6, Fig. 2) and every table and figure with laptop-feddle-table5
+TABLE5_CONFIG := config/laptop-feddle-table5.yaml
 TABLE5 := results/laptop-feddle-table5/feddle-table5
+TABLE5_METHODS := center fedft hfcl feddf-id feddle fedavg fedasync fedbuff ca2fl feddf-ood feddle-reg-ood
+# Snakemake's targets for a part of the study's train jobs (fedrepro.jobs; a name it does not know stops the part),
+# before --configfile, which would take them for config files
+TABLE5_PART = targets=$$($(BIN)/python -m fedrepro.jobs --configfile $(TABLE5_CONFIG) $(1)) && \
+	$(BIN)/snakemake --cores $(CORES) $$targets --configfile $(TABLE5_CONFIG)
 laptop-feddle-table5-clients: $(VENV)/.installed fashion-mnist
-	$(BIN)/snakemake --cores $(CORES) $(TABLE5)/tuning/clients.md --configfile config/laptop-feddle-table5.yaml
+	$(BIN)/snakemake --cores $(CORES) $(TABLE5)/tuning/clients.md --configfile $(TABLE5_CONFIG)
+laptop-feddle-table5-server-%: $(VENV)/.installed fashion-mnist
+	$(call TABLE5_PART,--study feddle-table5--tune-server --methods $*)
 laptop-feddle-table5-server: $(VENV)/.installed fashion-mnist
-	$(BIN)/snakemake --cores $(CORES) $(TABLE5)/tuning/server.md --configfile config/laptop-feddle-table5.yaml
+	$(BIN)/snakemake --cores $(CORES) $(TABLE5)/tuning/server.md --configfile $(TABLE5_CONFIG)
+laptop-feddle-table5-d01: $(VENV)/.installed fashion-mnist
+	$(call TABLE5_PART,--study feddle-table5 --settings fm-d01-n20 fm-d01-n5 --methods $(TABLE5_METHODS))
+laptop-feddle-table5-d03: $(VENV)/.installed fashion-mnist
+	$(call TABLE5_PART,--study feddle-table5 --settings fm-d03-n20 fm-d03-n5 --methods $(TABLE5_METHODS))
 laptop-feddle-table5: $(VENV)/.installed fashion-mnist
-	$(BIN)/snakemake --cores $(CORES) --configfile config/laptop-feddle-table5.yaml
+	$(BIN)/snakemake --cores $(CORES) --configfile $(TABLE5_CONFIG)
 
 # copy a complete laptop-full run's scorecard, tables and figures into docs/results/laptop-full (WALL_TIME: as measured;
 # REFRESH=study ...: replace only those studies' files, from a run of them alone: docs/laptop-full.md)

@@ -55,9 +55,21 @@ def tuning_problems(study: dict) -> Problems:
         else:
             for m, grid in stage["grids"].items():
                 chosen.setdefault(m, set()).update(grid)
+    gridded = {m for stage in tuning["stages"] for m in stage["grids"]}
+    for m, method in study["methods"].items():
+        if (like := method.get("tuned_as")) is None:
+            continue
+        key = f"stages: methods.{m}.tuned_as"
+        if like not in study["methods"]:
+            continue  # named by the method checks
+        if like not in chosen:
+            yield key, f"{like!r} is tuned by no stage's grid (tuned: {sorted(set(chosen) - {'*'})})"
+        elif m in gridded:
+            yield key, "the method is in a stage's grid itself: take its own choice or the other's, not both"
     for m, method in study["methods"].items():  # a run's own value would silently lose to the tuned one
         own = {f"{section}.{k}" for section in ("hparams", "weighting", "training") for k in method.get(section, {})}
-        if clash := sorted(own & (chosen.get("*", set()) | chosen.get(m, set()))):
+        tuned_like = method.get("tuned_as") or m
+        if clash := sorted(own & (chosen.get("*", set()) | chosen.get(tuned_like, set()))):
             yield f"stages: methods.{m}", f"{clash} are set by the method and chosen by a tuning stage; drop one"
     for s, setting in study["settings"].items():
         if clash := sorted({f"training.{k}" for k in setting.get("training", {})} & chosen.get("*", set())):
@@ -149,6 +161,10 @@ def _method_problems(study: dict) -> Problems:
     methods = methods_of(kind)
     for m, method in study["methods"].items():
         yield from _unknown(f"methods.{m}.algorithm", method["algorithm"], methods, "algorithm")
+        if (like := method.get("tuned_as")) is not None:
+            if not study.get("tuning"):
+                yield f"methods.{m}.tuned_as", "the study has no `tuning` block: nothing chooses values to take"
+            yield from _unknown(f"methods.{m}.tuned_as", like, set(study["methods"]) - {m}, "method")
         allowed = hyperparameters_of(kind, method["algorithm"])
         for key in method["hparams"]:
             if key not in allowed:

@@ -189,42 +189,54 @@ def server_cost(passes: list[ServerPass], sample_flops: dict[bool, float], gpu_t
     return flops, gpu_s
 
 
+class FlopsCache:
+    """step_flops per (model, input shape, classes, batch, group, backward), each counted once."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple, float] = {}
+
+    def __call__(self, *key) -> float:
+        if key not in self._known:
+            self._known[key] = step_flops(*key)
+        return self._known[key]
+
+
+def job_cost(spec: dict, seeds: int, flops_of: FlopsCache, gpu_tflops: float, step_floor_ms: float,
+             cpu_spf: float) -> dict:
+    """What one train job of ``spec`` with ``seeds`` seeds costs: its clients' SGD steps and their GPU and CPU
+    seconds, and its server's passes over its own data (in client-step equivalents) and their seconds."""
+    shape, classes = model_input(spec)
+    hetero = spec.get("federation") == "hetero"
+    step = flops_of(spec["model"], shape, classes, spec["training"]["batch_size"],
+                    spec["partition"]["clients"] if hetero else 0)
+    steps = run_steps(spec) * seeds
+    cost = {"steps": steps, "gpu_s": steps * max(step_floor_ms / 1e3, step / (gpu_tflops * 1e12)),
+            "cpu_s": steps * step * cpu_spf, "server_steps": 0.0, "server_gpu_s": 0.0, "server_cpu_s": 0.0}
+    if passes := server_passes(spec):  # one sample's FLOPs: a batch of one (FLOPs grow linearly with the batch)
+        sample = {b: flops_of(spec["model"], shape, classes, 1, 0, b) for b in {p.backward for p in passes}}
+        flops, run_gpu_s = server_cost(passes, sample, gpu_tflops, step_floor_ms)
+        cost |= {"server_steps": flops / step * seeds, "server_gpu_s": run_gpu_s * seeds,
+                 "server_cpu_s": flops * cpu_spf * seeds}
+    return cost
+
+
 def estimate(config: dict, gpu_tflops: float, step_floor_ms: float, cpu_spf: float) -> list[dict]:
     rows = []
-    flops_cache: dict[tuple, float] = {}
-
-    def flops_of(*key) -> float:
-        if key not in flops_cache:
-            flops_cache[key] = step_flops(*key)
-        return flops_cache[key]
-
+    flops_of = FlopsCache()
     for name, study in {**config["studies"], **config.get("tuning_studies", {})}.items():  # tuning runs cost too
         jobs = grid_runs(study)
-        seeds = len(study["seeds"])
-        steps = gpu_s = cpu_s = server_steps = server_gpu_s = server_cpu_s = 0.0
+        total = dict.fromkeys(("steps", "gpu_s", "cpu_s", "server_steps", "server_gpu_s", "server_cpu_s"), 0.0)
         server_by_method: dict[str, float] = {}
         for setting, method in jobs:
-            spec = run_spec(study, setting, method)
-            shape, classes = model_input(spec)
-            hetero = spec.get("federation") == "hetero"
-            step = flops_of(spec["model"], shape, classes, spec["training"]["batch_size"],
-                            spec["partition"]["clients"] if hetero else 0)
-            s = run_steps(spec) * seeds
-            steps += s
-            gpu_s += s * max(step_floor_ms / 1e3, step / (gpu_tflops * 1e12))
-            cpu_s += s * step * cpu_spf
-            passes = server_passes(spec)
-            if passes:  # one sample's FLOPs: a batch of one (FLOPs grow linearly with the batch)
-                sample = {b: flops_of(spec["model"], shape, classes, 1, 0, b) for b in {p.backward for p in passes}}
-                flops, run_gpu_s = server_cost(passes, sample, gpu_tflops, step_floor_ms)
-                server_steps += flops / step * seeds
-                server_gpu_s += run_gpu_s * seeds
-                server_cpu_s += flops * cpu_spf * seeds
-                server_by_method[method] = server_by_method.get(method, 0.0) + run_gpu_s * seeds / 3600
-        rows.append({"study": name, "jobs": len(jobs), "runs": len(jobs) * seeds, "steps": steps,
-                     "gpu_hours": gpu_s / 3600, "cpu_hours": cpu_s / 3600, "server_steps": server_steps,
-                     "server_gpu_hours": server_gpu_s / 3600, "server_cpu_hours": server_cpu_s / 3600,
-                     "server_gpu_hours_by_method": server_by_method})
+            cost = job_cost(run_spec(study, setting, method), len(study["seeds"]), flops_of, gpu_tflops,
+                            step_floor_ms, cpu_spf)
+            total = {k: v + cost[k] for k, v in total.items()}
+            if cost["server_gpu_s"]:
+                server_by_method[method] = server_by_method.get(method, 0.0) + cost["server_gpu_s"] / 3600
+        rows.append({"study": name, "jobs": len(jobs), "runs": len(jobs) * len(study["seeds"]),
+                     "steps": total["steps"], "gpu_hours": total["gpu_s"] / 3600, "cpu_hours": total["cpu_s"] / 3600,
+                     "server_steps": total["server_steps"], "server_gpu_hours": total["server_gpu_s"] / 3600,
+                     "server_cpu_hours": total["server_cpu_s"] / 3600, "server_gpu_hours_by_method": server_by_method})
     return rows
 
 

@@ -51,7 +51,39 @@ def test_each_stage_is_a_study_of_its_grid_on_the_tuning_seeds_with_the_earlier_
     assert config["studies"]["tiny"]["seeds"] == [0, 1]
 
 
+def test_a_method_tuned_as_another_trains_with_that_methods_choices():
+    """Feddle's Table 3 rows take Feddle's tuned server values: a `tuned_as` method reads the stage's choice for the
+    method it names, and the clients' choice as every method does."""
+    study = yaml.safe_load(STUDY.read_text())
+    study["methods"]["fedprox-ablated"] = {"algorithm": "fedprox", "label": "FedProx, ablated", "tuned_as": "fedprox"}
+    own = resolved(study)["studies"]["tiny"]
+    assert run_spec(own, "iid", "fedprox-ablated")["tuned"] == [
+        {"study": "tiny", "stage": "clients", "method": "*"}, {"study": "tiny", "stage": "prox", "method": "fedprox"}]
+
+
+def _with_ablated(**entry):
+    def edit(study):
+        study["methods"]["ablated"] = {"algorithm": "fedprox", **entry}
+    return edit
+
+
+def _without_tuning(study):
+    del study["tuning"]
+    study["methods"]["ablated"] = {"algorithm": "fedprox", "tuned_as": "fedprox"}
+
+
+def _ablated_in_a_grid(study):
+    _with_ablated(tuned_as="fedprox")(study)
+    study["tuning"]["stages"][1]["grids"]["ablated"] = {"hparams.mu": [0.5]}
+
+
 @pytest.mark.parametrize("edit, message", [
+    (_with_ablated(tuned_as="fedprx"), "methods.ablated.tuned_as: unknown method 'fedprx' (did you mean 'fedprox'?)"),
+    (_with_ablated(tuned_as="fedavg"), "tuning.stages: methods.ablated.tuned_as: 'fedavg' is tuned by no stage's grid"),
+    (_with_ablated(tuned_as="fedprox", hparams={"mu": 0.5}),
+     "tuning.stages: methods.ablated: ['hparams.mu'] are set by the method and chosen by a tuning stage"),
+    (_ablated_in_a_grid, "tuning.stages: methods.ablated.tuned_as: the method is in a stage's grid itself"),
+    (_without_tuning, "methods.ablated.tuned_as: the study has no `tuning` block"),
     (lambda s: s["tuning"].update(seeds=[1, 10]), "tuning.seeds: [1] are reported seeds of the study"),
     (lambda s: s["tuning"].update(settings=["iidd"]), "tuning.settings: unknown setting 'iidd' (did you mean 'iid'?)"),
     (lambda s: s["tuning"]["stages"][1]["grids"].update(fedprx={"hparams.mu": [1.0]}),
@@ -218,3 +250,10 @@ def test_feddles_table5_study_tunes_every_method_by_app_d_and_then_runs_all_four
     assert [c["setting"] for c in study["tables"]["table5"]["columns"]] == ["fm-d01-n20", "fm-d01-n5",
                                                                            "fm-d03-n20", "fm-d03-n5"]
     assert run_spec(study, "fm-d03-n5", "fedavg")["async"]["delay_sigma"] == 5.0
+    # Table 3's rows vary one component of Feddle at the server values tuned for Feddle-ID or Feddle-OOD
+    for row, tuned_like in (("feddle-base", "feddle"), ("feddle-reg", "feddle"), ("feddle-base-ood", "feddle-reg-ood"),
+                            ("feddle-imp-ood", "feddle-reg-ood")):
+        spec = run_spec(study, "fm-d01-n20", row)
+        assert spec["tuned"][-1] == {"study": "feddle-table5", "stage": "server", "method": tuned_like}, row
+        assert not spec["hparams"].keys() & {"lr", "epochs"}, row
+    assert {"table3", "table6"} <= set(study["tables"]) and {"fig2", "fig7"} <= set(study["figures"])

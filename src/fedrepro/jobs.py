@@ -1,0 +1,81 @@
+"""A part of a config's train jobs, as Snakemake targets: run a long study a few hours at a time.
+
+    python -m fedrepro.jobs --configfile config/laptop-feddle-table5.yaml --study feddle-table5--tune-server \
+        --methods fedft feddf-id [--settings fm-d01-n20] [--cost]
+
+prints the train jobs' outputs (<results>/<study>/runs/<setting>/<method>/seeds.json) of that study whose method,
+or the method a grid point varies, is one of ``--methods`` and whose setting is one of ``--settings`` (default:
+all of either), one per line, for ``snakemake <targets>``: Snakemake then runs those jobs and what they need
+(partitions, the tuning choices they train with) and nothing else; each resumes where it stopped. With
+``--cost``, it prints instead their runs and estimated CPU core-hours (fedrepro.cost, measured on this machine).
+A name that matches nothing stops it, naming the name and what there is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from fedrepro.config import REPO, merge_configfiles, resolve_config
+from fedrepro.study import ConfigError, grid_runs, run_spec, unknown_name
+
+
+def base_method(study: dict, method: str) -> str:
+    """The study method a grid point (a variant of a `sweep`) varies, or ``method`` itself."""
+    return next((base for base, variants in study.get("sweeps", {}).items()
+                 if any(v["method"] == method for v in variants)), method)
+
+
+def part_jobs(config: dict, study_name: str, methods: list[str] | None = None,
+              settings: list[str] | None = None) -> list[tuple[str, str]]:
+    """(setting, method) of ``study_name``'s train jobs (a study or a tuning stage's) in ``methods`` (their
+    grid points included) and ``settings``; ConfigError naming any study, method or setting that is not there."""
+    studies = {**config["studies"], **config.get("tuning_studies", {})}
+    if problem := unknown_name(study_name, studies, "study"):
+        raise ConfigError(f"--study: {problem}")
+    study = studies[study_name]
+    jobs = grid_runs(study)
+    for option, names, known in (("--methods", methods, {base_method(study, m) for _, m in jobs}),
+                                 ("--settings", settings, {s for s, _ in jobs})):
+        for name in names or []:
+            if problem := unknown_name(name, known, f"{option[2:-1]} of {study_name}'s jobs"):
+                raise ConfigError(f"{option}: {problem}")
+    return [(s, m) for s, m in jobs
+            if (not methods or base_method(study, m) in methods) and (not settings or s in settings)]
+
+
+def job_outputs(config: dict, study_name: str, jobs: list[tuple[str, str]]) -> list[str]:
+    """The train jobs' outputs (rule train's), the targets that make Snakemake run exactly them."""
+    return [f"{config['results_dir']}/{study_name}/runs/{s}/{m}/seeds.json" for s, m in jobs]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configfile", nargs="+", required=True,
+                        help="config files as given to snakemake (config/config.yaml is read first)")
+    parser.add_argument("--study", required=True, help="a study, or a tuning stage's runs (<study>--tune-<stage>)")
+    parser.add_argument("--methods", nargs="+", help="study methods (a tuned method: all its grid points)")
+    parser.add_argument("--settings", nargs="+")
+    parser.add_argument("--cost", action="store_true", help="print the part's runs and estimated core-hours")
+    args = parser.parse_args(argv)
+    files = [str(REPO / "config" / "config.yaml"), *args.configfile]
+    config = resolve_config(merge_configfiles(*files), source=", ".join(args.configfile))
+    try:
+        jobs = part_jobs(config, args.study, args.methods, args.settings)
+    except ConfigError as err:
+        sys.exit(f"{', '.join(args.configfile)}: {err}")
+    if not args.cost:
+        print("\n".join(job_outputs(config, args.study, jobs)))
+        return
+    from fedrepro.cost import FlopsCache, cpu_seconds_per_flop, job_cost  # torch: only for the estimate
+
+    study = {**config["studies"], **config.get("tuning_studies", {})}[args.study]
+    cpu_spf, flops_of = cpu_seconds_per_flop(), FlopsCache()
+    costs = [job_cost(run_spec(study, s, m), len(study["seeds"]), flops_of, 60.0, 1.5, cpu_spf) for s, m in jobs]
+    hours = sum(c["cpu_s"] + c["server_cpu_s"] for c in costs) / 3600
+    print(f"{args.study}: {len(jobs)} train jobs, {len(jobs) * len(study['seeds'])} runs, ~{hours:.1f} CPU "
+          f"core-hours (clients and server; {1 / cpu_spf / 1e9:.1f} GFLOP/s a core measured here)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""fedrepro.jobs: a part of a study's train jobs as Snakemake targets, so a long study runs a few hours at a time
+(Feddle's Table 5: `make laptop-feddle-table5-server-<method>`, `-d01`, `-d03`)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+from support.common import REPO
+
+from fedrepro.config import resolve_config
+from fedrepro.jobs import job_outputs, part_jobs
+from fedrepro.study import ConfigError
+
+STUDY = REPO / "tests" / "data" / "tuning_study.yaml"
+
+
+def config() -> dict:
+    study = yaml.safe_load(STUDY.read_text())
+    study["settings"]["iid2"] = {**study["settings"]["iid"], "label": "digits IID, 4 clients",
+                                 "partition": {"kind": "iid", "clients": 4}}
+    study["grid"] = [{"settings": ["iid", "iid2"], "methods": ["fedavg", "fedprox"]}]
+    return resolve_config({"studies": {"tiny": study}})
+
+
+def test_a_part_is_the_jobs_of_its_methods_grid_points_included_and_settings():
+    cfg = config()
+    assert part_jobs(cfg, "tiny", methods=["fedprox"]) == [("iid", "fedprox"), ("iid2", "fedprox")]
+    assert part_jobs(cfg, "tiny", settings=["iid2"]) == [("iid2", "fedavg"), ("iid2", "fedprox")]
+    assert part_jobs(cfg, "tiny--tune-clients", methods=["fedavg"]) == [("iid", "fedavg-lr0.001"),
+                                                                         ("iid", "fedavg-lr0.1")]
+    assert job_outputs(cfg, "tiny", [("iid2", "fedprox")]) == ["results/tiny/runs/iid2/fedprox/seeds.json"]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"study_name": "tiny--tune-prx"}, "--study: unknown study 'tiny--tune-prx' (did you mean 'tiny--tune-prox'?)"),
+    ({"study_name": "tiny", "methods": ["fedprx"]}, "--methods: unknown method of tiny's jobs 'fedprx'"),
+    ({"study_name": "tiny--tune-prox", "methods": ["fedavg"]}, "--methods: unknown method of tiny--tune-prox's jobs"),
+    ({"study_name": "tiny", "settings": ["iid3"]}, "--settings: unknown setting of tiny's jobs 'iid3'"),
+])
+def test_a_name_the_part_does_not_have_is_refused_naming_it(kwargs, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        part_jobs(config(), **kwargs)
+
+
+def test_snakemake_given_a_parts_targets_schedules_its_jobs_and_what_they_need_and_nothing_else(tmp_path):
+    """The second tuning stage's grid as a part: its two points, and the first stage's runs and choice that they
+    train with; none of the study's own runs. (The targets go before --configfile, which takes every word after it.)"""
+    root = tmp_path / "part"
+    root.mkdir()
+    shutil.copy(STUDY, root / "study.yaml")
+    (root / "config.yaml").write_text(yaml.safe_dump({"studies": {"tiny": str(root / "study.yaml")}}))
+    targets = subprocess.run([sys.executable, "-m", "fedrepro.jobs", "--configfile", str(root / "config.yaml"),
+                              "--study", "tiny--tune-prox", "--methods", "fedprox"],
+                             cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    assert targets == [f"results/tiny--tune-prox/runs/iid/fedprox-mu{mu}/seeds.json" for mu in ("0.0", "1.0")]
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-n", "--cores", "1",
+                           "--directory", str(root), *targets, "--configfile", str(root / "config.yaml")],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trained = sorted(set(re.findall(r"output: (results/[^\s,]+/seeds\.json)", proc.stdout)))
+    assert trained == sorted([*targets, "results/tiny--tune-clients/runs/iid/fedavg-lr0.001/seeds.json",
+                              "results/tiny--tune-clients/runs/iid/fedavg-lr0.1/seeds.json"])
+    assert "rule choose_tuning" in proc.stdout and "results/tiny/runs/" not in proc.stdout
