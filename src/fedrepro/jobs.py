@@ -17,13 +17,7 @@ import argparse
 import sys
 
 from fedrepro.config import REPO, merge_configfiles, resolve_config
-from fedrepro.study import ConfigError, grid_runs, run_spec, unknown_name
-
-
-def base_method(study: dict, method: str) -> str:
-    """The study method a grid point (a variant of a `sweep`) varies, or ``method`` itself."""
-    return next((base for base, variants in study.get("sweeps", {}).items()
-                 if any(v["method"] == method for v in variants)), method)
+from fedrepro.study import ConfigError, grid_runs, run_spec, sweep_base, unknown_name
 
 
 def part_jobs(config: dict, study_name: str, methods: list[str] | None = None,
@@ -35,13 +29,13 @@ def part_jobs(config: dict, study_name: str, methods: list[str] | None = None,
         raise ConfigError(f"--study: {problem}")
     study = studies[study_name]
     jobs = grid_runs(study)
-    for option, names, known in (("--methods", methods, {base_method(study, m) for _, m in jobs}),
+    for option, names, known in (("--methods", methods, {sweep_base(study, m) for _, m in jobs}),
                                  ("--settings", settings, {s for s, _ in jobs})):
         for name in names or []:
             if problem := unknown_name(name, known, f"{option[2:-1]} of {study_name}'s jobs"):
                 raise ConfigError(f"{option}: {problem}")
     return [(s, m) for s, m in jobs
-            if (not methods or base_method(study, m) in methods) and (not settings or s in settings)]
+            if (not methods or sweep_base(study, m) in methods) and (not settings or s in settings)]
 
 
 def job_outputs(config: dict, study_name: str, jobs: list[tuple[str, str]]) -> list[str]:

@@ -31,12 +31,17 @@ TRAINING_KEYS = defaults.training_keys()  # every run spec carries these
 OPTIONAL_TRAINING_KEYS = defaults.optional_training_keys()
 
 
+def sweep_base(study: dict, method: str) -> str:
+    """The study method whose `sweep` made the variant ``method`` (a grid point), or ``method`` itself."""
+    return next((base for base, variants in study.get("sweeps", {}).items()
+                 if any(v["method"] == method for v in variants)), method)
+
+
 def tuned_entries(study: dict, method: str) -> list[dict[str, str]]:
     """The tuning stages whose choice a run of ``method`` (a study method or a swept variant of one) trains with:
     (study, stage, and the method whose choice it takes, '*' for a stage that applies to all). A method with
     ``tuned_as`` takes that method's choices."""
-    base = next((b for b, variants in study.get("sweeps", {}).items() if any(v["method"] == method for v in variants)),
-                method)
+    base = sweep_base(study, method)
     base = study["methods"].get(base, {}).get("tuned_as") or base
     return [{"study": t["study"], "stage": t["stage"], "method": "*" if t["applies_to"] == "all" else base}
             for t in study.get("tuned_by", []) if t["applies_to"] == "all" or base in t["methods"]]
