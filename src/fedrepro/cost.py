@@ -41,6 +41,8 @@ from fedrepro.study import grid_runs, run_spec
 
 GPU_INFERENCE_BATCH = inference_batch(torch.device("cuda"))  # the forward-only passes' batch on a GPU
 SHOWN_METHODS = 6  # per study, the methods with the most server GPU-hours are printed
+GPU_TFLOPS = 60.0  # the assumed sustained fp32/tf32 throughput of one GPU
+STEP_FLOOR_MS = 1.5  # the least GPU time of one step (small models are bound by latency)
 
 
 def step_flops(model_name: str, shape: tuple[int, ...], classes: int, batch: int, group_of: int = 0,
@@ -243,8 +245,8 @@ def estimate(config: dict, gpu_tflops: float, step_floor_ms: float, cpu_spf: flo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configfile", default=str(REPO / "config" / "paper.yaml"))
-    parser.add_argument("--gpu-tflops", type=float, default=60.0, help="sustained fp32/tf32 TFLOP/s of one GPU")
-    parser.add_argument("--step-floor-ms", type=float, default=1.5, help="GPU seconds per step at least (ms)")
+    parser.add_argument("--gpu-tflops", type=float, default=GPU_TFLOPS, help="sustained fp32/tf32 TFLOP/s of one GPU")
+    parser.add_argument("--step-floor-ms", type=float, default=STEP_FLOOR_MS, help="GPU seconds per step at least (ms)")
     args = parser.parse_args()
     config = resolve_config(load_yaml(Path(args.configfile)), source=args.configfile)
     cpu_spf = cpu_seconds_per_flop()

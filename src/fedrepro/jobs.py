@@ -61,11 +61,13 @@ def main(argv: list[str] | None = None) -> None:
     if not args.cost:
         print("\n".join(job_outputs(config, args.study, jobs)))
         return
-    from fedrepro.cost import FlopsCache, cpu_seconds_per_flop, job_cost  # torch: only for the estimate
+    # imported here: fedrepro.cost loads torch, which listing the targets does not need
+    from fedrepro.cost import GPU_TFLOPS, STEP_FLOOR_MS, FlopsCache, cpu_seconds_per_flop, job_cost
 
     study = {**config["studies"], **config.get("tuning_studies", {})}[args.study]
     cpu_spf, flops_of = cpu_seconds_per_flop(), FlopsCache()
-    costs = [job_cost(run_spec(study, s, m), len(study["seeds"]), flops_of, 60.0, 1.5, cpu_spf) for s, m in jobs]
+    costs = [job_cost(run_spec(study, s, m), len(study["seeds"]), flops_of, GPU_TFLOPS, STEP_FLOOR_MS,
+                      cpu_spf) for s, m in jobs]
     hours = sum(c["cpu_s"] + c["server_cpu_s"] for c in costs) / 3600
     print(f"{args.study}: {len(jobs)} train jobs, {len(jobs) * len(study['seeds'])} runs, ~{hours:.1f} CPU "
           f"core-hours (clients and server; {1 / cpu_spf / 1e9:.1f} GFLOP/s a core measured here)")

@@ -13,7 +13,7 @@ import yaml
 from support.common import REPO
 
 from fedrepro.config import resolve_config
-from fedrepro.jobs import job_outputs, part_jobs
+from fedrepro.jobs import job_outputs, main, part_jobs
 from fedrepro.study import ConfigError
 
 STUDY = REPO / "tests" / "data" / "tuning_study.yaml"
@@ -66,3 +66,17 @@ def test_snakemake_given_a_parts_targets_schedules_its_jobs_and_what_they_need_a
     assert trained == sorted([*targets, "results/tiny--tune-clients/runs/iid/fedavg-lr0.001/seeds.json",
                               "results/tiny--tune-clients/runs/iid/fedavg-lr0.1/seeds.json"])
     assert "rule choose_tuning" in proc.stdout and "results/tiny/runs/" not in proc.stdout
+
+
+def test_a_parts_cost_is_its_jobs_share_of_the_studys_estimate(tmp_path, capsys, monkeypatch):
+    """The part's core-hours are fedrepro.cost's for the same jobs: a whole stage's equal the study row's."""
+    from fedrepro import cost
+
+    monkeypatch.setattr(cost, "cpu_seconds_per_flop", lambda: 1e-4)  # a slow machine: hours to compare
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"studies": {"tiny": str(STUDY)}}))
+    main(["--configfile", str(tmp_path / "config.yaml"), "--study", "tiny--tune-clients", "--cost"])
+    printed = capsys.readouterr().out
+    row = next(r for r in cost.estimate(config(), cost.GPU_TFLOPS, cost.STEP_FLOOR_MS, 1e-4)
+               if r["study"] == "tiny--tune-clients")
+    hours = row["cpu_hours"] + row["server_cpu_hours"]
+    assert hours > 1 and printed.startswith(f"tiny--tune-clients: 2 train jobs, 2 runs, ~{hours:.1f} CPU core-hours")
