@@ -111,7 +111,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/kernel_sets.py
 
 # the default with seeds 0-4 under each KERNELS set, into results/kernels/<set>/, then every run's status and plateau
-# and Disco's paired gain per set (~3 h on 2 cores: docs/measurements/kernel-sets.md)
+# and Disco's paired gain per set (~2 h 10 min on 2 cores, SSE4.1 half of it: docs/measurements/kernel-sets.md)
 kernel-check: $(VENV)/.installed fashion-mnist
 	$(BIN)/python benchmarks/default_on_kernel_sets.py --cores $(CORES)
 

@@ -8,7 +8,7 @@ results/kernels/<set>/ (Snakemake, every core; a rerun resumes or skips what is 
 its status (diverged: the round and why), the number its tables report (best accuracy over rounds) and its plateau
 change (the best over all evaluations minus the best over the first three quarters: at most 1 point is finished),
 then per cell the mean and sd over seeds, and Disco's gain per column over the seeds both runs have, paired by seed.
-About 3,800 s of training per set and 5 seeds natively (~32 minutes on 2 cores), more under the capped sets.
+About 3,700 s of training per set and 5 seeds natively (~31 minutes on 2 cores), twice that under SSE4.1.
 """
 
 from __future__ import annotations
