@@ -72,7 +72,6 @@ laptop-feddle-600: $(VENV)/.installed fashion-mnist
 # D(0.3) columns; the rest (Tables 3 and 6, Fig. 2) and every table and figure with laptop-feddle-table5
 TABLE5_CONFIG := config/laptop-feddle-table5.yaml
 TABLE5 := results/laptop-feddle-table5/feddle-table5
-TABLE5_METHODS := center fedft hfcl feddf-id feddle fedavg fedasync fedbuff ca2fl feddf-ood feddle-reg-ood
 # Snakemake's targets for a part of the study's train jobs (fedrepro.jobs; a name it does not know stops the part),
 # before --configfile, which would take them for config files
 TABLE5_PART = targets=$$($(BIN)/python -m fedrepro.jobs --configfile $(TABLE5_CONFIG) $(1)) && \
@@ -84,9 +83,9 @@ laptop-feddle-table5-server-%: $(VENV)/.installed fashion-mnist
 laptop-feddle-table5-server: $(VENV)/.installed fashion-mnist
 	$(BIN)/snakemake --cores $(CORES) $(TABLE5)/tuning/server.md --configfile $(TABLE5_CONFIG)
 laptop-feddle-table5-d01: $(VENV)/.installed fashion-mnist
-	$(call TABLE5_PART,--study feddle-table5 --settings fm-d01-n20 fm-d01-n5 --methods $(TABLE5_METHODS))
+	$(call TABLE5_PART,--study feddle-table5 --table table5 --settings fm-d01-n20 fm-d01-n5)
 laptop-feddle-table5-d03: $(VENV)/.installed fashion-mnist
-	$(call TABLE5_PART,--study feddle-table5 --settings fm-d03-n20 fm-d03-n5 --methods $(TABLE5_METHODS))
+	$(call TABLE5_PART,--study feddle-table5 --table table5 --settings fm-d03-n20 fm-d03-n5)
 laptop-feddle-table5: $(VENV)/.installed fashion-mnist
 	$(BIN)/snakemake --cores $(CORES) --configfile $(TABLE5_CONFIG)
 

@@ -1,14 +1,14 @@
 """A part of a config's train jobs, as Snakemake targets: run a long study a few hours at a time.
 
     python -m fedrepro.jobs --configfile config/laptop-feddle-table5.yaml --study feddle-table5--tune-server \
-        --methods fedft feddf-id [--settings fm-d01-n20] [--cost]
+        --methods fedft feddf-id [--settings fm-d01-n20] [--table table5] [--cost]
 
-prints the train jobs' outputs (<results>/<study>/runs/<setting>/<method>/seeds.json) of that study whose method,
-or the method a grid point varies, is one of ``--methods`` and whose setting is one of ``--settings`` (default:
-all of either), one per line, for ``snakemake <targets>``: Snakemake then runs those jobs and what they need
-(partitions, the tuning choices they train with) and nothing else; each resumes where it stopped. With
-``--cost``, it prints instead their runs and estimated CPU core-hours (fedrepro.cost, measured on this machine).
-A name that matches nothing stops it, naming the name and what there is.
+prints the train jobs' outputs (<results>/<study>/runs/<setting>/<method>/seeds.json) of that study whose method, or
+the method a grid point varies, is one of ``--methods`` and whose setting is one of ``--settings`` (default: all of
+either) and, with ``--table``, whose runs fill that table's cells, one per line, for ``snakemake <targets>``:
+Snakemake then runs those jobs and what they need (partitions, the tuning choices they train with) and nothing else;
+each resumes where it stopped. With ``--cost``, it prints instead their runs and estimated CPU core-hours
+(fedrepro.cost, measured on this machine). A name that matches nothing stops it, naming the name and what there is.
 """
 
 from __future__ import annotations
@@ -17,18 +17,23 @@ import argparse
 import sys
 
 from fedrepro.config import REPO, merge_configfiles, resolve_config
-from fedrepro.study import ConfigError, grid_runs, run_spec, sweep_base, unknown_name
+from fedrepro.study import ConfigError, grid_runs, run_spec, sweep_base, table_runs, unknown_name
 
 
 def part_jobs(config: dict, study_name: str, methods: list[str] | None = None,
-              settings: list[str] | None = None) -> list[tuple[str, str]]:
+              settings: list[str] | None = None, table: str | None = None) -> list[tuple[str, str]]:
     """(setting, method) of ``study_name``'s train jobs (a study or a tuning stage's) in ``methods`` (their
-    grid points included) and ``settings``; ConfigError naming any study, method or setting that is not there."""
+    grid points included) and ``settings``, and behind ``table``'s cells; ConfigError naming any study, method,
+    setting or table that is not there."""
     studies = {**config["studies"], **config.get("tuning_studies", {})}
     if problem := unknown_name(study_name, studies, "study"):
         raise ConfigError(f"--study: {problem}")
     study = studies[study_name]
     jobs = grid_runs(study)
+    if table is not None:
+        if problem := unknown_name(table, study["tables"], "table"):
+            raise ConfigError(f"--table: {problem}")
+        jobs = [job for job in jobs if job in set(table_runs(study["tables"][table]))]
     for option, names, known in (("--methods", methods, {sweep_base(study, m) for _, m in jobs}),
                                  ("--settings", settings, {s for s, _ in jobs})):
         for name in names or []:
@@ -50,12 +55,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--study", required=True, help="a study, or a tuning stage's runs (<study>--tune-<stage>)")
     parser.add_argument("--methods", nargs="+", help="study methods (a tuned method: all its grid points)")
     parser.add_argument("--settings", nargs="+")
+    parser.add_argument("--table", help="only the runs behind this table's cells")
     parser.add_argument("--cost", action="store_true", help="print the part's runs and estimated core-hours")
     args = parser.parse_args(argv)
     files = [str(REPO / "config" / "config.yaml"), *args.configfile]
     config = resolve_config(merge_configfiles(*files), source=", ".join(args.configfile))
     try:
-        jobs = part_jobs(config, args.study, args.methods, args.settings)
+        jobs = part_jobs(config, args.study, args.methods, args.settings, args.table)
     except ConfigError as err:
         sys.exit(f"{', '.join(args.configfile)}: {err}")
     if not args.cost:

@@ -33,6 +33,7 @@ def test_a_part_is_the_jobs_of_its_methods_grid_points_included_and_settings():
     assert part_jobs(cfg, "tiny", settings=["iid2"]) == [("iid2", "fedavg"), ("iid2", "fedprox")]
     assert part_jobs(cfg, "tiny--tune-clients", methods=["fedavg"]) == [("iid", "fedavg-lr0.001"),
                                                                          ("iid", "fedavg-lr0.1")]
+    assert part_jobs(cfg, "tiny", table="t1") == [("iid", "fedavg"), ("iid", "fedprox")]  # t1 shows iid only
     assert job_outputs(cfg, "tiny", [("iid2", "fedprox")]) == ["results/tiny/runs/iid2/fedprox/seeds.json"]
 
 
@@ -41,6 +42,7 @@ def test_a_part_is_the_jobs_of_its_methods_grid_points_included_and_settings():
     ({"study_name": "tiny", "methods": ["fedprx"]}, "--methods: unknown method of tiny's jobs 'fedprx'"),
     ({"study_name": "tiny--tune-prox", "methods": ["fedavg"]}, "--methods: unknown method of tiny--tune-prox's jobs"),
     ({"study_name": "tiny", "settings": ["iid3"]}, "--settings: unknown setting of tiny's jobs 'iid3'"),
+    ({"study_name": "tiny", "table": "t2"}, "--table: unknown table 't2'"),
 ])
 def test_a_name_the_part_does_not_have_is_refused_naming_it(kwargs, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
