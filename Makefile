@@ -15,8 +15,9 @@ $(error KERNELS=$(KERNELS): one of native, avx2, sse41)
 endif
 WITH_KERNELS := env $(KERNELS_$(KERNELS))
 
-.PHONY: run test browser fashion-mnist laptop-full laptop-feddle-600 laptop-feddle-table5 laptop-feddle-table5-clients \
-	laptop-feddle-table5-server laptop-feddle-table5-d01 laptop-feddle-table5-d03 snapshot-laptop-full lint bench \
+.PHONY: run test browser fashion-mnist laptop-full laptop-feddle-600 laptop-feddle-table5 \
+	laptop-feddle-table5-d01 laptop-feddle-table5-d03 snapshot-laptop-full snapshot-laptop-feddle-table5-stages \
+	lint bench \
 	kernel-check cost preflight clean-results \
 	clean-paper-results
 
@@ -67,27 +68,27 @@ laptop-feddle-600: $(VENV)/.installed fashion-mnist
 
 # Feddle's Table 5 on Fashion-MNIST, four columns, at the paper's tuning protocol, with Tables 3 and 6 and Figs. 2, 6
 # and 7 on the same data (not in laptop-full; ~58 core-hours estimated by fedrepro.cost), in parts of at most a few
-# hours on 2 cores that each resume where they stopped (docs/measurements/laptop-feddle-table5.md): the clients'
-# policy; each method's own grid (laptop-feddle-table5-server-<method>, then -server chooses); Table 5's D(0.1) and
-# D(0.3) columns; the rest (Tables 3 and 6, Fig. 2) and every table and figure with laptop-feddle-table5
+# hours on 2 cores that each resume where they stopped (docs/measurements/laptop-feddle-table5.md): each tuning stage
+# (laptop-feddle-table5-tune-<stage>: clients first, then server_<method>, one per method's grid, each writing its
+# table and choice); Table 5's D(0.1) and D(0.3) columns (METHODS="..." narrows them to methods already tuned); the
+# rest (Tables 3 and 6, Fig. 2) and every table and figure with laptop-feddle-table5
 TABLE5_CONFIG := config/laptop-feddle-table5.yaml
 TABLE5 := results/laptop-feddle-table5/feddle-table5
 # Snakemake's targets for a part of the study's train jobs (fedrepro.jobs; a name it does not know stops the part),
 # before --configfile, which would take them for config files
-TABLE5_PART = targets=$$($(BIN)/python -m fedrepro.jobs --configfile $(TABLE5_CONFIG) $(1)) && \
-	$(BIN)/snakemake --cores $(CORES) $$targets --configfile $(TABLE5_CONFIG)
-laptop-feddle-table5-clients: $(VENV)/.installed fashion-mnist
-	$(BIN)/snakemake --cores $(CORES) $(TABLE5)/tuning/clients.md --configfile $(TABLE5_CONFIG)
-laptop-feddle-table5-server-%: $(VENV)/.installed fashion-mnist
-	$(call TABLE5_PART,--study feddle-table5--tune-server --methods $*)
-laptop-feddle-table5-server: $(VENV)/.installed fashion-mnist
-	$(BIN)/snakemake --cores $(CORES) $(TABLE5)/tuning/server.md --configfile $(TABLE5_CONFIG)
+TABLE5_PART = targets=$$($(BIN)/python -m fedrepro.jobs --configfile $(TABLE5_CONFIG) $(1) \
+	$(if $(METHODS),--methods $(METHODS))) && $(BIN)/snakemake --cores $(CORES) $$targets --configfile $(TABLE5_CONFIG)
+laptop-feddle-table5-tune-%: $(VENV)/.installed fashion-mnist
+	$(BIN)/snakemake --cores $(CORES) $(TABLE5)/tuning/$*.md --configfile $(TABLE5_CONFIG)
 laptop-feddle-table5-d01: $(VENV)/.installed fashion-mnist
 	$(call TABLE5_PART,--study feddle-table5 --table table5 --settings fm-d01-n20 fm-d01-n5)
 laptop-feddle-table5-d03: $(VENV)/.installed fashion-mnist
 	$(call TABLE5_PART,--study feddle-table5 --table table5 --settings fm-d03-n20 fm-d03-n5)
 laptop-feddle-table5: $(VENV)/.installed fashion-mnist
 	$(BIN)/snakemake --cores $(CORES) --configfile $(TABLE5_CONFIG)
+# copy the tuning stages finished so far into docs/results/laptop-feddle-table5 (a later call adds the ones since)
+snapshot-laptop-feddle-table5-stages: $(VENV)/.installed
+	$(BIN)/python -m fedrepro.report.snapshot --configfile $(TABLE5_CONFIG) --out docs/results/laptop-feddle-table5 --stages
 
 # copy a complete laptop-full run's scorecard, tables and figures into docs/results/laptop-full (WALL_TIME: as measured;
 # REFRESH=study ...: replace only those studies' files, from a run of them alone: docs/laptop-full.md)

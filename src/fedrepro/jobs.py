@@ -1,7 +1,7 @@
 """A part of a config's train jobs, as Snakemake targets: run a long study a few hours at a time.
 
-    python -m fedrepro.jobs --configfile config/laptop-feddle-table5.yaml --study feddle-table5--tune-server \
-        --methods fedft feddf-id [--settings fm-d01-n20] [--table table5] [--cost]
+    python -m fedrepro.jobs --configfile config/laptop-feddle-table5.yaml --study feddle-table5 \
+        --methods fedbuff ca2fl [--settings fm-d01-n20] [--table table5] [--cost]
 
 prints the train jobs' outputs (<results>/<study>/runs/<setting>/<method>/seeds.json) of that study whose method, or
 the method a grid point varies, is one of ``--methods`` and whose setting is one of ``--settings`` (default: all of

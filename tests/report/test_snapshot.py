@@ -1,11 +1,13 @@
 """The results snapshot (fedrepro.report.snapshot): copies one complete run, refuses a partial or stale one by name."""
 
+import copy
 import json
 import math
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 from support.common import laptop_full_config
 
 from fedrepro.config import REPO, merge_configfiles, resolve_config
@@ -18,7 +20,9 @@ from fedrepro.report.snapshot import (
     snapshot,
     snapshot_files,
     snapshot_problems,
+    snapshot_stages,
     splice_scorecard,
+    stage_problems,
     stale_runs,
 )
 from fedrepro.study import grid_runs
@@ -99,6 +103,64 @@ def test_a_changed_run_spec_or_seed_list_makes_the_snapshot_stale_by_name(config
     assert stale_runs(config, {}) == [f"{job}: not in the snapshot" for job in recorded]
 
 
+@pytest.fixture
+def tuned_config():
+    """tests/data/tuning_study.yaml resolved: study "tiny", stages clients (FedAvg's lr) and prox (FedProx's mu)."""
+    return resolve_config({"studies": {"tiny": yaml.safe_load((REPO / "tests/data/tuning_study.yaml").read_text())}})
+
+
+def finish_stage(root: Path, config: dict, stage: str, tag: str = "") -> None:
+    """What a finished tuning stage leaves in a results root: its runs' markers and seeds.json (fake_run's), its
+    summary.csv and its table, scores and choice."""
+    name = f"tiny--tune-{stage}"
+    fake_run(root, {"studies": {name: config["tuning_studies"][name]}, "tuning_studies": {}})
+    for suffix in (".md", ".csv", ".json"):
+        (root / "tiny/tuning").mkdir(parents=True, exist_ok=True)
+        (root / f"tiny/tuning/{stage}{suffix}").write_text(f"{stage}{suffix} {tag}")
+
+
+def test_a_stages_snapshot_copies_the_finished_stages_and_adds_later_ones_to_them(tmp_path, tuned_config):
+    """A study run in parts: the first call copies the one finished stage; the next, from a results root that no
+    longer has it (another machine), adds the stage finished since and keeps the first."""
+    out = tmp_path / "snap"
+    with pytest.raises(SystemExit, match="no tuning stage .* has finished"):
+        snapshot_stages(tuned_config, tmp_path / "empty", out, ["c.yaml"], commit="abc")
+    finish_stage(tmp_path / "first", tuned_config, "clients")
+    (tmp_path / "first/tiny/tuning/prox.md").parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "first/tiny/tuning/prox.md").write_text("a table without its runs is no finished stage")
+    written = snapshot_stages(tuned_config, tmp_path / "first", out, ["c.yaml"], commit="abc")
+    assert sorted(p.relative_to(out).as_posix() for p in written) == [
+        "README.md", "provenance.json", "runs.json", "tiny/tuning/clients.csv", "tiny/tuning/clients.json",
+        "tiny/tuning/clients.md"]
+    assert "Not yet finished: `tiny/prox`." in (out / "README.md").read_text()
+    assert stage_problems(tuned_config, out) == []
+
+    finish_stage(tmp_path / "second", tuned_config, "prox")
+    snapshot_stages(tuned_config, tmp_path / "second", out, ["c.yaml"], commit="def")
+    assert (out / "tiny/tuning/clients.md").read_text() == "clients.md "  # kept from the first call
+    assert sorted(json.loads((out / "provenance.json").read_text())) == ["tiny--tune-clients", "tiny--tune-prox"]
+    readme = (out / "README.md").read_text()
+    assert "Every stage has finished." in readme and "`abc`" in readme and "`def`" in readme
+    assert stage_problems(tuned_config, out) == []
+
+
+def test_a_stages_snapshot_of_a_grid_changed_since_is_refused_by_the_check_and_dropped_by_the_next_call(
+        tmp_path, tuned_config):
+    out = tmp_path / "snap"
+    finish_stage(tmp_path / "results", tuned_config, "clients")
+    snapshot_stages(tuned_config, tmp_path / "results", out, ["c.yaml"], commit="abc")
+    edited = copy.deepcopy(tuned_config)  # the clients' tuning setting changes after the snapshot
+    edited["tuning_studies"]["tiny--tune-clients"]["settings"]["iid"]["partition"]["clients"] = 4
+    assert stage_problems(edited, out) == [f"tiny--tune-clients/iid/fedavg-lr{lr}: its spec changed since the "
+                                           "snapshot" for lr in ("0.001", "0.1")]
+    finish_stage(tmp_path / "later", edited, "prox")
+    snapshot_stages(edited, tmp_path / "later", out, ["c.yaml"], commit="def")
+    assert not (out / "tiny/tuning/clients.md").exists()
+    assert sorted(json.loads((out / "provenance.json").read_text())) == ["tiny--tune-prox"]
+    (out / "tiny/tuning/prox.csv").unlink()
+    assert stage_problems(edited, out) == [f"{out / 'tiny/tuning/prox.csv'}: missing"]
+
+
 def test_an_empty_wall_time_is_refused_before_anything_is_read(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--configfile", "config/laptop-full.yaml", "--out", str(tmp_path / "snap"), "--wall-time", " "])
@@ -117,6 +179,16 @@ def test_the_committed_snapshot_is_a_run_of_the_config_as_it_is(name):
     assert stale_runs(config, json.loads((snap / "runs.json").read_text())) == []
     provenance = json.loads((snap / "provenance.json").read_text())
     assert sorted(provenance) == sorted(config["studies"])
+
+
+def test_the_committed_stages_snapshot_of_feddles_table5_is_of_the_config_as_it_is():
+    """docs/results/laptop-feddle-table5/ holds the tuning stages of config/laptop-feddle-table5.yaml finished so far
+    (`make snapshot-laptop-feddle-table5-stages`), each from runs of the specs configured now: a change to a stage's
+    grid, settings or seeds fails here until the stage is run and copied again."""
+    config = resolve_config(merge_configfiles("config/config.yaml", "config/laptop-feddle-table5.yaml", root=REPO))
+    snap = REPO / "docs/results/laptop-feddle-table5"
+    assert json.loads((snap / "provenance.json").read_text()), "no stage recorded"
+    assert stage_problems(config, snap) == []
 
 
 def scores_of(study: str, ours: list[float]) -> list:

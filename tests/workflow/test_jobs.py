@@ -1,5 +1,5 @@
 """fedrepro.jobs: a part of a study's train jobs as Snakemake targets, so a long study runs a few hours at a time
-(Feddle's Table 5: `make laptop-feddle-table5-server-<method>`, `-d01`, `-d03`)."""
+(Feddle's Table 5: `make laptop-feddle-table5-d01`, `-d03`)."""
 
 from __future__ import annotations
 

@@ -241,9 +241,12 @@ def test_feddles_table5_study_tunes_every_method_by_app_d_and_then_runs_all_four
     grid, on a seed no table reports; no method keeps a value the tuning chooses; the table has all four columns."""
     config = resolve_config(yaml.safe_load((REPO / "config" / "laptop-feddle-table5.yaml").read_text()), root=REPO)
     study = config["studies"]["feddle-table5"]
-    clients, server = (config["tuning_studies"][f"feddle-table5--tune-{s}"] for s in ("clients", "server"))
+    stages = {name.split("--tune-")[1]: s for name, s in config["tuning_studies"].items()
+              if name.startswith("feddle-table5--tune-")}
     assert set(study["tuning"]["seeds"]).isdisjoint(study["seeds"])
-    assert len(clients["methods"]) == 6 and len(server["methods"]) == 9 * 9  # 3 x 2 client points; 9 grids of 9
+    assert len(stages.pop("clients")["methods"]) == 6  # 3 lrs x 2 epochs
+    # each method's App. D grid is a stage of its own, so its choice waits on no other method's grid
+    assert len(stages) == 9 and all(len(s["sweeps"]) == 1 and len(s["methods"]) == 9 for s in stages.values())
     for method in ("fedbuff", "ca2fl", "fedasync", "feddle", "center"):
         assert not run_spec(study, "fm-d03-n5", method)["hparams"].keys() & {"server_lr", "buffer_size", "a",
                                                                              "alpha", "lr", "epochs"}
@@ -254,6 +257,8 @@ def test_feddles_table5_study_tunes_every_method_by_app_d_and_then_runs_all_four
     for row, tuned_like in (("feddle-base", "feddle"), ("feddle-reg", "feddle"), ("feddle-base-ood", "feddle-reg-ood"),
                             ("feddle-imp-ood", "feddle-reg-ood")):
         spec = run_spec(study, "fm-d01-n20", row)
-        assert spec["tuned"][-1] == {"study": "feddle-table5", "stage": "server", "method": tuned_like}, row
+        stage = "server_" + {"feddle": "feddle", "feddle-reg-ood": "feddle_ood"}[tuned_like]
+        assert spec["tuned"] == [{"study": "feddle-table5", "stage": "clients", "method": "*"},
+                                 {"study": "feddle-table5", "stage": stage, "method": tuned_like}], row
         assert not spec["hparams"].keys() & {"lr", "epochs"}, row
     assert {"table3", "table6"} <= set(study["tables"]) and {"fig2", "fig7"} <= set(study["figures"])

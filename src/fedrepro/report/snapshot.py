@@ -18,6 +18,13 @@ time, job seconds and machines; tests/report/test_snapshot.py checks the committ
 replaces one study's files (a change that moves only its numbers) from a complete run of that study alone
 (``snakemake --configfile config/laptop-full.yaml --config 'studies_only=["feddisco"]'``): its tables, figures,
 scorecard section, digests and provenance; every other study's files stay those of their own complete run.
+
+    python -m fedrepro.report.snapshot --configfile config/laptop-feddle-table5.yaml \
+        --out docs/results/laptop-feddle-table5 --stages
+
+copies, from a study run in parts, every tuning stage that has finished (its table, scores and choice, from runs
+of the config's current specs) before the study itself has: each stage is one complete run of its own grid, and a
+later call adds the stages finished since. A complete run's snapshot replaces it.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from fedrepro.config import REPO, merge_configfiles, resolve_config
+from fedrepro.config import REPO, TUNING_SEPARATOR, merge_configfiles, resolve_config
 from fedrepro.report.integrity import read_checked_csv
 from fedrepro.report.scorecard import machine_counts, machines_text
 from fedrepro.study import grid_runs, run_spec, spec_digest
@@ -180,6 +187,102 @@ def snapshot(config: dict, results: Path, out: Path, configfiles: list[str], wal
     return written + _write_index(config, out, configfiles, provenance, run_digests(config))
 
 
+def stage_files(study: str, stage: str) -> list[Path]:
+    """A tuning stage's files in a snapshot, relative to it: every point's score (table and CSV) and the choice."""
+    return [Path(study, "tuning", f"{stage}{suffix}") for suffix in (".md", ".csv", ".json")]
+
+
+def stages_of(config: dict) -> list[str]:
+    """Every tuning stage of ``config``'s studies, by its runs' study name <study>--tune-<stage>, in stage order."""
+    return [f"{study}{TUNING_SEPARATOR}{t['stage']}" for study, spec in config["studies"].items()
+            for t in spec.get("tuned_by", [])]
+
+
+def stage_config(config: dict, name: str) -> dict:
+    """``config`` narrowed to one tuning stage's runs (for run_digests and unrun_specs)."""
+    return {"studies": {}, "tuning_studies": {name: config["tuning_studies"][name]}}
+
+
+def finished_stages(config: dict, results: Path) -> list[str]:
+    """The tuning stages of ``config`` whose choice is written in ``results`` from runs of the config's current
+    specs: a stage whose runs are of another spec, or whose choice is missing, is not finished."""
+    return [name for name in stages_of(config)
+            if all((results / f).is_file() for f in stage_files(*name.split(TUNING_SEPARATOR)))
+            and not unrun_specs(stage_config(config, name), results)]
+
+
+def stage_problems(config: dict, folder: Path) -> list[str]:
+    """What makes a stages-only snapshot in ``folder`` not a run of ``config`` as it is: a stage it records
+    (provenance.json) whose files are missing, or whose train jobs ran other specs or seeds than configured now."""
+    recorded = json.loads((folder / PROVENANCE).read_text())
+    digests = json.loads((folder / RUNS).read_text())
+    problems = [f"{name}: no tuning stage of the config" for name in recorded if name not in stages_of(config)]
+    for name in (n for n in stages_of(config) if n in recorded):
+        problems += [f"{folder / f}: missing" for f in stage_files(*name.split(TUNING_SEPARATOR))
+                     if not (folder / f).is_file()]
+        problems += stale_runs(stage_config(config, name), digests)
+    return problems
+
+
+def stages_manifest(config: dict, provenance: dict[str, dict], configfiles: list[str]) -> str:
+    """The README of a stages-only snapshot: each finished stage's commit, jobs and machines, and the pending ones."""
+    lines = [f"# The tuning stages of `{' '.join(configfiles)}` finished so far", "",
+             "Copied by `python -m fedrepro.report.snapshot --stages` from a study run in parts: each stage below is",
+             "one complete run of its grid (every point's score; the chosen point in bold), from runs of the config's",
+             "current specs. The study's own tables follow once its runs have finished.", "",
+             "| stage | table | commit | train jobs | core-hours (one thread a job) | machines |",
+             "|---|---|---|---:|---:|---|"]
+    pending = []
+    for name in stages_of(config):
+        study, stage = name.split(TUNING_SEPARATOR)
+        if name not in provenance:
+            pending.append(f"`{study}/{stage}`")
+            continue
+        p = provenance[name]
+        machines = "; ".join(f"{cpu} ({capability}): {n} runs" for cpu, capability, n in p["machines"])
+        lines.append(f"| {study}/{stage} | [{stage}.md]({study}/tuning/{stage}.md) | `{p['commit']}` | "
+                     f"{p['jobs']} | {p['seconds'] / 3600:.2f} | {machines} |")
+    lines += ["", f"Not yet finished: {', '.join(pending)}." if pending else "Every stage has finished.", ""]
+    return "\n".join(lines)
+
+
+def snapshot_stages(config: dict, results: Path, out: Path, configfiles: list[str],
+                    commit: str | None = None) -> list[Path]:
+    """Copy every finished tuning stage (finished_stages) from ``results`` into ``out``, beside the stages an
+    earlier call copied that are still whole and of the config's specs (from runs since gone, say); refused where
+    none has finished, or where ``out`` holds a complete run's snapshot (a scorecard), which has every stage."""
+    if (out / SCORECARD).exists():
+        raise SystemExit(f"{out} holds a complete run's snapshot, every stage included: nothing copied")
+    done = finished_stages(config, results)
+    if not done:
+        raise SystemExit(f"no tuning stage of {' '.join(configfiles)} has finished in {results}: nothing copied")
+    provenance = json.loads((out / PROVENANCE).read_text()) if (out / PROVENANCE).is_file() else {}
+    digests = json.loads((out / RUNS).read_text()) if (out / RUNS).is_file() else {}
+    kept = [name for name in stages_of(config) if name not in done and name in provenance
+            and all((out / f).is_file() for f in stage_files(*name.split(TUNING_SEPARATOR)))
+            and not stale_runs(stage_config(config, name), digests)]
+    keep = {MANIFEST, RUNS, PROVENANCE} | {f.as_posix() for name in kept
+                                           for f in stage_files(*name.split(TUNING_SEPARATOR))}
+    for old in [f for f in out.rglob("*") if f.is_file()] if out.exists() else []:
+        if old.relative_to(out).as_posix() not in keep:  # a stage of older specs, or anything else, goes
+            old.unlink()
+    commit = commit or git_commit()
+    new_provenance = {name: provenance[name] for name in kept}
+    new_digests = {job: d for name in kept for job, d in run_digests(stage_config(config, name)).items()}
+    written = []
+    for name in done:
+        for f in stage_files(*name.split(TUNING_SEPARATOR)):
+            (out / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(results / f, out / f)
+            written.append(out / f)
+        new_provenance[name] = study_provenance(results, name, commit, "")
+        new_digests |= run_digests(stage_config(config, name))
+    (out / PROVENANCE).write_text(json.dumps(new_provenance, indent=1, sort_keys=True) + "\n")
+    (out / RUNS).write_text(json.dumps(new_digests, indent=1, sort_keys=True) + "\n")
+    (out / MANIFEST).write_text(stages_manifest(config, new_provenance, configfiles))
+    return written + [out / MANIFEST, out / RUNS, out / PROVENANCE]
+
+
 def scorecard_sections(text: str) -> tuple[list[str], dict[str, list[str]]]:
     """A scorecard's lines before its first study, and each study's section (from its "## study" heading)."""
     preamble: list[str] = []
@@ -250,20 +353,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--configfile", nargs="+", required=True,
                         help="config files as given to snakemake (config/config.yaml is read first)")
     parser.add_argument("--out", required=True, type=Path, help="the snapshot's folder (replaced)")
-    parser.add_argument("--wall-time", required=True, help='the run\'s measured wall time, e.g. "3 h 40 min"')
+    parser.add_argument("--wall-time", help='the run\'s measured wall time, e.g. "3 h 40 min" (not with --stages: '
+                                            "a stage's train-job hours are recorded instead)")
     parser.add_argument("--results", type=Path, help="the run's results root (default: the config's results_dir)")
     parser.add_argument("--commit", help="the commit the run came from (default: this checkout's HEAD)")
     parser.add_argument("--refresh", nargs="+", metavar="STUDY",
                         help="replace only these studies' files in the existing snapshot --out, from a complete run "
                              "of them alone (--config studies_only=[...]); the others stay as they are")
+    parser.add_argument("--stages", action="store_true",
+                        help="copy only the tuning stages finished so far, of a study run in parts, into --out")
     args = parser.parse_args(argv)
-    if not args.wall_time.strip():
+    if not args.stages and not (args.wall_time or "").strip():
         parser.error("--wall-time is empty: give the run's measured wall time (WALL_TIME=... with make)")
     files = [str(REPO / "config" / "config.yaml"), *args.configfile]
     config = resolve_config(merge_configfiles(*files), source=", ".join(args.configfile))
     results = args.results or Path(config["results_dir"])
     results = results if results.is_absolute() else REPO / results
-    if args.refresh:
+    if args.stages:
+        written = snapshot_stages(config, results, args.out, args.configfile, args.commit)
+    elif args.refresh:
         written = refresh(config, results, args.out, args.refresh, args.configfile, args.wall_time, args.commit)
     else:
         written = snapshot(config, results, args.out, args.configfile, args.wall_time, args.commit)
