@@ -16,7 +16,7 @@ endif
 WITH_KERNELS := env $(KERNELS_$(KERNELS))
 
 .PHONY: run test browser fashion-mnist laptop-full laptop-feddle-600 laptop-feddle-table5 \
-	laptop-feddle-table5-d01 laptop-feddle-table5-d03 snapshot-laptop-full snapshot-laptop-feddle-table5-stages \
+	laptop-feddle-table5-d01 laptop-feddle-table5-d03 snapshot-laptop-full snapshot-laptop-feddle-table5-parts \
 	lint bench \
 	kernel-check cost preflight clean-results \
 	clean-paper-results
@@ -86,9 +86,10 @@ laptop-feddle-table5-d03: $(VENV)/.installed fashion-mnist
 	$(call TABLE5_PART,--study feddle-table5 --table table5 --settings fm-d03-n20 fm-d03-n5)
 laptop-feddle-table5: $(VENV)/.installed fashion-mnist
 	$(BIN)/snakemake --cores $(CORES) --configfile $(TABLE5_CONFIG)
-# copy the tuning stages finished so far into docs/results/laptop-feddle-table5 (a later call adds the ones since)
-snapshot-laptop-feddle-table5-stages: $(VENV)/.installed
-	$(BIN)/python -m fedrepro.report.snapshot --configfile $(TABLE5_CONFIG) --out docs/results/laptop-feddle-table5 --stages
+# copy what has finished so far into docs/results/laptop-feddle-table5: the tuning stages (a later call adds the ones
+# since) and the tables from the jobs finished (fedrepro.report.progress)
+snapshot-laptop-feddle-table5-parts: $(VENV)/.installed
+	$(BIN)/python -m fedrepro.report.snapshot --configfile $(TABLE5_CONFIG) --out docs/results/laptop-feddle-table5 --parts
 
 # copy a complete laptop-full run's scorecard, tables and figures into docs/results/laptop-full (WALL_TIME: as measured;
 # REFRESH=study ...: replace only those studies' files, from a run of them alone: docs/laptop-full.md)

@@ -3,26 +3,29 @@
 import copy
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 from support.common import laptop_full_config
+from support.report import make_run
 
 from fedrepro.config import REPO, merge_configfiles, resolve_config
 from fedrepro.report.integrity import write_checked_csv
 from fedrepro.report.scorecard import render_markdown, score_table
 from fedrepro.report.snapshot import (
+    finished_seeds_folder,
     main,
+    parts_problems,
     refresh,
     run_digests,
     snapshot,
     snapshot_files,
+    snapshot_parts,
     snapshot_problems,
-    snapshot_stages,
     splice_scorecard,
-    stage_problems,
     stale_runs,
 )
 from fedrepro.study import grid_runs
@@ -51,13 +54,13 @@ def fake_run(root: Path, config: dict, tag: str = "", seconds: float = 900.0, cp
     (root / "scorecard.md").write_text("\n".join(
         ["# Scorecard", "", f"Published cells shown, all studies (embedded scale): {n} / {10 * n}.", "",
          *(line for section in sections for line in section)]))
-    for job, digest in run_digests(config).items():
+    for job in run_digests(config):
         study, setting, method = job.split("/")
         runs = [{"dir": f"seed{s}", "seed": s, "status": "complete"} for s in config["studies"][study]["seeds"]]
         folder = root / study / "runs" / setting / method
         folder.mkdir(parents=True)
         (folder / "seeds.json").write_text(json.dumps({"job_seconds": seconds, "runs": runs}))
-        marks = root / study / "checkpoints" / setting / method / digest.split()[0]
+        marks = finished_seeds_folder(config, root, job)  # a tuned run's: under its stages' choices
         marks.mkdir(parents=True)
         (marks / "seed0.done.json").write_text("{}")
 
@@ -110,13 +113,18 @@ def tuned_config():
 
 
 def finish_stage(root: Path, config: dict, stage: str, tag: str = "") -> None:
-    """What a finished tuning stage leaves in a results root: its runs' markers and seeds.json (fake_run's), its
-    summary.csv and its table, scores and choice."""
+    """What a finished tuning stage leaves in a results root: its choice (the first grid point's), table and
+    scores, and its runs' markers (where its runs leave them, under the choices they trained with), seeds.json
+    and summary.csv (fake_run's)."""
     name = f"tiny--tune-{stage}"
-    fake_run(root, {"studies": {name: config["tuning_studies"][name]}, "tuning_studies": {}})
-    for suffix in (".md", ".csv", ".json"):
-        (root / "tiny/tuning").mkdir(parents=True, exist_ok=True)
+    variant = next(v for variants in config["tuning_studies"][name]["sweeps"].values() for v in variants)
+    (root / "tiny/tuning").mkdir(parents=True, exist_ok=True)
+    chosen = {stage_method: {"variant": variant["method"], "values": variant["values"], "score": 50.0}
+              for stage_method in config["tuning_studies"][name]["sweeps"]}
+    (root / f"tiny/tuning/{stage}.json").write_text(json.dumps({"chosen": chosen}))
+    for suffix in (".md", ".csv"):
         (root / f"tiny/tuning/{stage}{suffix}").write_text(f"{stage}{suffix} {tag}")
+    fake_run(root, {"studies": {name: config["tuning_studies"][name]}, "tuning_studies": {}})
 
 
 def test_a_stages_snapshot_copies_the_finished_stages_and_adds_later_ones_to_them(tmp_path, tuned_config):
@@ -124,41 +132,74 @@ def test_a_stages_snapshot_copies_the_finished_stages_and_adds_later_ones_to_the
     longer has it (another machine), adds the stage finished since and keeps the first."""
     out = tmp_path / "snap"
     with pytest.raises(SystemExit, match="no tuning stage .* has finished"):
-        snapshot_stages(tuned_config, tmp_path / "empty", out, ["c.yaml"], commit="abc")
+        snapshot_parts(tuned_config, tmp_path / "empty", out, ["c.yaml"], commit="abc")
     finish_stage(tmp_path / "first", tuned_config, "clients")
     (tmp_path / "first/tiny/tuning/prox.md").parent.mkdir(parents=True, exist_ok=True)
     (tmp_path / "first/tiny/tuning/prox.md").write_text("a table without its runs is no finished stage")
-    written = snapshot_stages(tuned_config, tmp_path / "first", out, ["c.yaml"], commit="abc")
+    written = snapshot_parts(tuned_config, tmp_path / "first", out, ["c.yaml"], commit="abc")
     assert sorted(p.relative_to(out).as_posix() for p in written) == [
         "README.md", "provenance.json", "runs.json", "tiny/tuning/clients.csv", "tiny/tuning/clients.json",
         "tiny/tuning/clients.md"]
-    assert "Not yet finished: `tiny/prox`." in (out / "README.md").read_text()
-    assert stage_problems(tuned_config, out) == []
+    assert "Stages not yet finished: `tiny/prox`." in (out / "README.md").read_text()
+    assert parts_problems(tuned_config, out) == []
 
+    (tmp_path / "second/tiny/tuning").mkdir(parents=True)  # the clients' choice, not its runs: no finished stage
+    shutil.copyfile(tmp_path / "first/tiny/tuning/clients.json", tmp_path / "second/tiny/tuning/clients.json")
     finish_stage(tmp_path / "second", tuned_config, "prox")
-    snapshot_stages(tuned_config, tmp_path / "second", out, ["c.yaml"], commit="def")
+    snapshot_parts(tuned_config, tmp_path / "second", out, ["c.yaml"], commit="def")
     assert (out / "tiny/tuning/clients.md").read_text() == "clients.md "  # kept from the first call
-    assert sorted(json.loads((out / "provenance.json").read_text())) == ["tiny--tune-clients", "tiny--tune-prox"]
+    assert sorted(json.loads((out / "provenance.json").read_text())["stages"]) == ["tiny--tune-clients",
+                                                                                 "tiny--tune-prox"]
     readme = (out / "README.md").read_text()
     assert "Every stage has finished." in readme and "`abc`" in readme and "`def`" in readme
-    assert stage_problems(tuned_config, out) == []
+    assert parts_problems(tuned_config, out) == []
 
 
 def test_a_stages_snapshot_of_a_grid_changed_since_is_refused_by_the_check_and_dropped_by_the_next_call(
         tmp_path, tuned_config):
     out = tmp_path / "snap"
     finish_stage(tmp_path / "results", tuned_config, "clients")
-    snapshot_stages(tuned_config, tmp_path / "results", out, ["c.yaml"], commit="abc")
+    snapshot_parts(tuned_config, tmp_path / "results", out, ["c.yaml"], commit="abc")
     edited = copy.deepcopy(tuned_config)  # the clients' tuning setting changes after the snapshot
     edited["tuning_studies"]["tiny--tune-clients"]["settings"]["iid"]["partition"]["clients"] = 4
-    assert stage_problems(edited, out) == [f"tiny--tune-clients/iid/fedavg-lr{lr}: its spec changed since the "
+    assert parts_problems(edited, out) == [f"tiny--tune-clients/iid/fedavg-lr{lr}: its spec changed since the "
                                            "snapshot" for lr in ("0.001", "0.1")]
+    (tmp_path / "later/tiny/tuning").mkdir(parents=True)  # the clients' choice, not its runs of the new spec
+    shutil.copyfile(tmp_path / "results/tiny/tuning/clients.json", tmp_path / "later/tiny/tuning/clients.json")
     finish_stage(tmp_path / "later", edited, "prox")
-    snapshot_stages(edited, tmp_path / "later", out, ["c.yaml"], commit="def")
-    assert not (out / "tiny/tuning/clients.md").exists()
-    assert sorted(json.loads((out / "provenance.json").read_text())) == ["tiny--tune-prox"]
+    snapshot_parts(edited, tmp_path / "later", out, ["c.yaml"], commit="def")
+    assert not (out / "tiny/tuning/clients.md").exists()  # of the old spec, and not run again: dropped
+    assert sorted(json.loads((out / "provenance.json").read_text())["stages"]) == ["tiny--tune-prox"]
     (out / "tiny/tuning/prox.csv").unlink()
-    assert stage_problems(edited, out) == [f"{out / 'tiny/tuning/prox.csv'}: missing"]
+    assert parts_problems(edited, out) == [f"{out / 'tiny/tuning/prox.csv'}: missing"]
+
+
+def test_a_parts_snapshot_renders_each_table_from_the_jobs_finished_so_far(tmp_path, tuned_config):
+    """tiny's table t1 (FedAvg, FedProx): with only FedAvg's job finished, its progress table shows FedAvg's cell,
+    a dash for FedProx's and how many of its jobs it holds, and runs.json holds FedAvg's job, checked."""
+    results, out = tmp_path / "results", tmp_path / "snap"
+    finish_stage(results, tuned_config, "clients")
+    for seed, accs in ((0, [40.0, 60.0, 70.0]), (1, [42.0, 58.0, 72.0])):
+        make_run(results, "iid", "fedavg", seed, accs, study="tiny")
+    (results / "tiny/runs/iid/fedavg/seeds.json").write_text(json.dumps(
+        {"runs": [{"seed": s, "dir": f"seed{s}", "status": "complete"} for s in (0, 1)]}))
+    marks = finished_seeds_folder(tuned_config, results, "tiny/iid/fedavg")
+    marks.mkdir(parents=True)
+    (marks / "seed0.done.json").write_text("{}")
+    snapshot_parts(tuned_config, results, out, ["c.yaml"], commit="abc")
+    assert not (out / "tiny/progress/t1.md").exists()  # seed 1 has not finished: FedAvg's job has not
+    (marks / "seed1.done.json").write_text("{}")
+    snapshot_parts(tuned_config, results, out, ["c.yaml"], commit="abc")
+    table = (out / "tiny/progress/t1.md").read_text()
+    assert "In progress: 1 of the table's 2 train jobs have finished" in table
+    cells = pd.read_csv(out / "tiny/progress/t1.csv").set_index("method")
+    assert cells.loc["fedavg", "ours_mean"] == pytest.approx(71.0) and cells.loc["fedavg", "n_seeds"] == 2
+    assert cells.loc["fedprox", "n_seeds"] == 0
+    assert "| [tiny/t1](tiny/progress/t1.md) | 1 of 2 |" in (out / "README.md").read_text()
+    assert "tiny/iid/fedavg" in json.loads((out / "runs.json").read_text())
+    assert parts_problems(tuned_config, out) == []
+    tuned_config["studies"]["tiny"]["settings"]["iid"]["partition"]["clients"] = 4  # the study's runs move on
+    assert "tiny/iid/fedavg: its spec changed since the snapshot" in parts_problems(tuned_config, out)
 
 
 def test_an_empty_wall_time_is_refused_before_anything_is_read(tmp_path, capsys):
@@ -181,14 +222,14 @@ def test_the_committed_snapshot_is_a_run_of_the_config_as_it_is(name):
     assert sorted(provenance) == sorted(config["studies"])
 
 
-def test_the_committed_stages_snapshot_of_feddles_table5_is_of_the_config_as_it_is():
+def test_the_committed_parts_snapshot_of_feddles_table5_is_of_the_config_as_it_is():
     """docs/results/laptop-feddle-table5/ holds the tuning stages of config/laptop-feddle-table5.yaml finished so far
-    (`make snapshot-laptop-feddle-table5-stages`), each from runs of the specs configured now: a change to a stage's
+    (`make snapshot-laptop-feddle-table5-parts`), each from runs of the specs configured now: a change to a stage's
     grid, settings or seeds fails here until the stage is run and copied again."""
     config = resolve_config(merge_configfiles("config/config.yaml", "config/laptop-feddle-table5.yaml", root=REPO))
     snap = REPO / "docs/results/laptop-feddle-table5"
-    assert json.loads((snap / "provenance.json").read_text()), "no stage recorded"
-    assert stage_problems(config, snap) == []
+    assert json.loads((snap / "provenance.json").read_text())["stages"], "no stage recorded"
+    assert parts_problems(config, snap) == []
 
 
 def scores_of(study: str, ours: list[float]) -> list:

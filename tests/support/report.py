@@ -18,9 +18,10 @@ def make_run(
     accs: list[float],
     status: str = "complete",
     diverged_round: int | None = None,
+    study: str = STUDY,
 ) -> Path:
     """Write a fake run folder laid out like the training engine's."""
-    run_dir = root / STUDY / "runs" / setting / method / f"seed{seed}"
+    run_dir = root / study / "runs" / setting / method / f"seed{seed}"
     run_dir.mkdir(parents=True)
     n = len(accs)
     metrics = pd.DataFrame(
@@ -37,7 +38,7 @@ def make_run(
     )
     metrics.to_csv(run_dir / "metrics.csv", index=False)
     summary = {
-        "study": STUDY,
+        "study": study,
         "setting": setting,
         "method": method,
         "seed": seed,

@@ -20,11 +20,12 @@ replaces one study's files (a change that moves only its numbers) from a complet
 scorecard section, digests and provenance; every other study's files stay those of their own complete run.
 
     python -m fedrepro.report.snapshot --configfile config/laptop-feddle-table5.yaml \
-        --out docs/results/laptop-feddle-table5 --stages
+        --out docs/results/laptop-feddle-table5 --parts
 
-copies, from a study run in parts, every tuning stage that has finished (its table, scores and choice, from runs
-of the config's current specs) before the study itself has: each stage is one complete run of its own grid, and a
-later call adds the stages finished since. A complete run's snapshot replaces it.
+copies what a study run in parts has finished, from runs of the config's current specs, before the study itself
+has: every finished tuning stage (its table, scores and choice: one complete run of its own grid; a later call adds
+the stages finished since) and each table rendered from the jobs of its cells finished so far (progress tables,
+fedrepro.report.progress). A complete run's snapshot replaces it.
 """
 
 from __future__ import annotations
@@ -34,10 +35,12 @@ import json
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 from fedrepro.config import REPO, TUNING_SEPARATOR, merge_configfiles, resolve_config
 from fedrepro.report.integrity import read_checked_csv
+from fedrepro.report.progress import finished_seeds_folder, progress_table
 from fedrepro.report.scorecard import machine_counts, machines_text
 from fedrepro.study import grid_runs, run_spec, spec_digest
 
@@ -78,13 +81,14 @@ def stale_runs(config: dict, snapshot_runs: dict[str, str]) -> list[str]:
 
 
 def unrun_specs(config: dict, results: Path) -> list[str]:
-    """The train jobs whose results in ``results`` did not come from ``config``'s spec (no checkpoint folder of
-    its digest, where each finished seed leaves its done-marker)."""
+    """The train jobs whose results in ``results`` did not come from ``config``'s spec: no finished seed's
+    done-marker where a run of that spec leaves it (finished_seeds_folder)."""
     missing = []
-    for job, digest in run_digests(config).items():
-        study, setting, method = job.split("/")
-        folder = results / study / "checkpoints" / setting / method / digest.split()[0]
-        if not any(folder.glob("seed*.done.json")):
+    for job in run_digests(config):
+        folder = finished_seeds_folder(config, results, job)
+        if folder is None:
+            missing.append(f"{results / job}: a tuning stage it trains with has no choice yet")
+        elif not any(folder.glob("seed*.done.json")):
             missing.append(f"{folder}: no finished seed of the config's run spec")
     return missing
 
@@ -211,75 +215,110 @@ def finished_stages(config: dict, results: Path) -> list[str]:
             and not unrun_specs(stage_config(config, name), results)]
 
 
-def stage_problems(config: dict, folder: Path) -> list[str]:
-    """What makes a stages-only snapshot in ``folder`` not a run of ``config`` as it is: a stage it records
-    (provenance.json) whose files are missing, or whose train jobs ran other specs or seeds than configured now."""
+def progress_files(study: str, table: str) -> list[Path]:
+    """A progress table's files in a snapshot, relative to it (fedrepro.report.progress)."""
+    return [Path(study, "progress", f"{table}{suffix}") for suffix in (".md", ".csv")]
+
+
+def parts_problems(config: dict, folder: Path) -> list[str]:
+    """What makes a snapshot of parts in ``folder`` not a run of ``config`` as it is: a stage or progress table it
+    records (provenance.json) whose files are missing, a stage the config no longer has, or a train job it holds
+    that ran another spec or seeds than configured now."""
     recorded = json.loads((folder / PROVENANCE).read_text())
-    digests = json.loads((folder / RUNS).read_text())
-    problems = [f"{name}: no tuning stage of the config" for name in recorded if name not in stages_of(config)]
-    for name in (n for n in stages_of(config) if n in recorded):
-        problems += [f"{folder / f}: missing" for f in stage_files(*name.split(TUNING_SEPARATOR))
-                     if not (folder / f).is_file()]
-        problems += stale_runs(stage_config(config, name), digests)
+    problems = [f"{name}: no tuning stage of the config" for name in recorded["stages"]
+                if name not in stages_of(config)]
+    files = [f for name in recorded["stages"] for f in stage_files(*name.split(TUNING_SEPARATOR))]
+    files += [f for name in recorded["progress"] for f in progress_files(*name.split("/"))]
+    problems += [f"{folder / f}: missing" for f in files if not (folder / f).is_file()]
+    now = run_digests(config)
+    held = json.loads((folder / RUNS).read_text())
+    problems += [f"{job}: {'no train job of the config' if job not in now else 'its spec changed since the snapshot'}"
+                 for job, digest in held.items() if now.get(job) != digest]
+    problems += [f"{job}: a job of stage {name.split(TUNING_SEPARATOR)[1]} missing from runs.json"
+                 for name in recorded["stages"] if name in stages_of(config)
+                 for job in run_digests(stage_config(config, name)) if job not in held]
     return problems
 
 
-def stages_manifest(config: dict, provenance: dict[str, dict], configfiles: list[str]) -> str:
-    """The README of a stages-only snapshot: each finished stage's commit, jobs and machines, and the pending ones."""
-    lines = [f"# The tuning stages of `{' '.join(configfiles)}` finished so far", "",
-             "Copied by `python -m fedrepro.report.snapshot --stages` from a study run in parts: each stage below is",
-             "one complete run of its grid (every point's score; the chosen point in bold), from runs of the config's",
-             "current specs. The study's own tables follow once its runs have finished.", "",
+def parts_manifest(config: dict, provenance: dict, configfiles: list[str]) -> str:
+    """The README of a snapshot of parts: each finished stage's commit, jobs and machines, the pending stages, and
+    the progress tables with how many of their jobs they hold."""
+    lines = [f"# `{' '.join(configfiles)}` run in parts: what has finished so far", "",
+             "Copied by `python -m fedrepro.report.snapshot --parts` from a study run in parts, from runs of the",
+             "config's current specs: each tuning stage below is one complete run of its grid (every point's score,",
+             "the chosen point in bold); each progress table holds the train jobs of its cells finished so far. A",
+             "complete run's snapshot replaces all of it.", "",
              "| stage | table | commit | train jobs | core-hours (one thread a job) | machines |",
              "|---|---|---|---:|---:|---|"]
     pending = []
     for name in stages_of(config):
         study, stage = name.split(TUNING_SEPARATOR)
-        if name not in provenance:
+        if name not in provenance["stages"]:
             pending.append(f"`{study}/{stage}`")
             continue
-        p = provenance[name]
+        p = provenance["stages"][name]
         machines = "; ".join(f"{cpu} ({capability}): {n} runs" for cpu, capability, n in p["machines"])
         lines.append(f"| {study}/{stage} | [{stage}.md]({study}/tuning/{stage}.md) | `{p['commit']}` | "
                      f"{p['jobs']} | {p['seconds'] / 3600:.2f} | {machines} |")
-    lines += ["", f"Not yet finished: {', '.join(pending)}." if pending else "Every stage has finished.", ""]
+    lines += ["", f"Stages not yet finished: {', '.join(pending)}." if pending else "Every stage has finished.", ""]
+    if provenance["progress"]:
+        lines += ["| progress table | train jobs finished | commit |", "|---|---:|---|"]
+        lines += [f"| [{name}]({name.split('/')[0]}/progress/{name.split('/')[1]}.md) | {p['jobs']} of {p['of']} | "
+                  f"`{p['commit']}` |" for name, p in provenance["progress"].items()]
+        lines.append("")
     return "\n".join(lines)
 
 
-def snapshot_stages(config: dict, results: Path, out: Path, configfiles: list[str],
-                    commit: str | None = None) -> list[Path]:
-    """Copy every finished tuning stage (finished_stages) from ``results`` into ``out``, beside the stages an
-    earlier call copied that are still whole and of the config's specs (from runs since gone, say); refused where
-    none has finished, or where ``out`` holds a complete run's snapshot (a scorecard), which has every stage."""
+def snapshot_parts(config: dict, results: Path, out: Path, configfiles: list[str],
+                   commit: str | None = None) -> list[Path]:
+    """Copy what a study run in parts has finished in ``results`` into ``out``: every finished tuning stage
+    (finished_stages), beside the stages an earlier call copied that are still whole and of the config's specs
+    (from runs since gone, say), and each table of a study with tuning rendered from its finished jobs
+    (fedrepro.report.progress). Refused where nothing has finished, or where ``out`` holds a complete run's
+    snapshot (a scorecard), which has all of it."""
     if (out / SCORECARD).exists():
-        raise SystemExit(f"{out} holds a complete run's snapshot, every stage included: nothing copied")
+        raise SystemExit(f"{out} holds a complete run's snapshot, every stage and table included: nothing copied")
     done = finished_stages(config, results)
     if not done:
         raise SystemExit(f"no tuning stage of {' '.join(configfiles)} has finished in {results}: nothing copied")
-    provenance = json.loads((out / PROVENANCE).read_text()) if (out / PROVENANCE).is_file() else {}
-    digests = json.loads((out / RUNS).read_text()) if (out / RUNS).is_file() else {}
-    kept = [name for name in stages_of(config) if name not in done and name in provenance
+    provenance = json.loads((out / PROVENANCE).read_text()) if (out / PROVENANCE).is_file() else {"stages": {}}
+    held = json.loads((out / RUNS).read_text()) if (out / RUNS).is_file() else {}
+    kept = [name for name in stages_of(config) if name not in done and name in provenance["stages"]
             and all((out / f).is_file() for f in stage_files(*name.split(TUNING_SEPARATOR)))
-            and not stale_runs(stage_config(config, name), digests)]
+            and not stale_runs(stage_config(config, name), held)]
     keep = {MANIFEST, RUNS, PROVENANCE} | {f.as_posix() for name in kept
                                            for f in stage_files(*name.split(TUNING_SEPARATOR))}
     for old in [f for f in out.rglob("*") if f.is_file()] if out.exists() else []:
-        if old.relative_to(out).as_posix() not in keep:  # a stage of older specs, or anything else, goes
+        if old.relative_to(out).as_posix() not in keep:  # a stage of older specs, an older progress table, go
             old.unlink()
     commit = commit or git_commit()
-    new_provenance = {name: provenance[name] for name in kept}
-    new_digests = {job: d for name in kept for job, d in run_digests(stage_config(config, name)).items()}
+    stages = {name: provenance["stages"][name] for name in kept}
+    digests = {job: d for name in kept for job, d in run_digests(stage_config(config, name)).items()}
     written = []
     for name in done:
         for f in stage_files(*name.split(TUNING_SEPARATOR)):
             (out / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(results / f, out / f)
             written.append(out / f)
-        new_provenance[name] = study_provenance(results, name, commit, "")
-        new_digests |= run_digests(stage_config(config, name))
-    (out / PROVENANCE).write_text(json.dumps(new_provenance, indent=1, sort_keys=True) + "\n")
-    (out / RUNS).write_text(json.dumps(new_digests, indent=1, sort_keys=True) + "\n")
-    (out / MANIFEST).write_text(stages_manifest(config, new_provenance, configfiles))
+        stages[name] = study_provenance(results, name, commit, "")
+        digests |= run_digests(stage_config(config, name))
+    progress = {}
+    now = run_digests(config)
+    for study in (s for s, spec in config["studies"].items() if spec.get("tuned_by")):
+        for table in config["studies"][study]["tables"]:
+            with tempfile.TemporaryDirectory() as tmp:
+                jobs, total = progress_table(config, study, table, results, Path(tmp) / table)
+                for f in progress_files(study, table) if jobs else []:
+                    (out / f).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(Path(tmp) / f.name, out / f)
+                    written.append(out / f)
+            if jobs:
+                progress[f"{study}/{table}"] = {"jobs": len(jobs), "of": total, "commit": commit}
+                digests |= {f"{study}/{s}/{m}": now[f"{study}/{s}/{m}"] for s, m in jobs}
+    provenance = {"stages": stages, "progress": progress}
+    (out / PROVENANCE).write_text(json.dumps(provenance, indent=1, sort_keys=True) + "\n")
+    (out / RUNS).write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
+    (out / MANIFEST).write_text(parts_manifest(config, provenance, configfiles))
     return written + [out / MANIFEST, out / RUNS, out / PROVENANCE]
 
 
@@ -353,24 +392,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--configfile", nargs="+", required=True,
                         help="config files as given to snakemake (config/config.yaml is read first)")
     parser.add_argument("--out", required=True, type=Path, help="the snapshot's folder (replaced)")
-    parser.add_argument("--wall-time", help='the run\'s measured wall time, e.g. "3 h 40 min" (not with --stages: '
+    parser.add_argument("--wall-time", help='the run\'s measured wall time, e.g. "3 h 40 min" (not with --parts: '
                                             "a stage's train-job hours are recorded instead)")
     parser.add_argument("--results", type=Path, help="the run's results root (default: the config's results_dir)")
     parser.add_argument("--commit", help="the commit the run came from (default: this checkout's HEAD)")
     parser.add_argument("--refresh", nargs="+", metavar="STUDY",
                         help="replace only these studies' files in the existing snapshot --out, from a complete run "
                              "of them alone (--config studies_only=[...]); the others stay as they are")
-    parser.add_argument("--stages", action="store_true",
-                        help="copy only the tuning stages finished so far, of a study run in parts, into --out")
+    parser.add_argument("--parts", action="store_true",
+                        help="copy what a study run in parts has finished so far (its tuning stages, its tables from "
+                             "the jobs finished) into --out")
     args = parser.parse_args(argv)
-    if not args.stages and not (args.wall_time or "").strip():
+    if not args.parts and not (args.wall_time or "").strip():
         parser.error("--wall-time is empty: give the run's measured wall time (WALL_TIME=... with make)")
     files = [str(REPO / "config" / "config.yaml"), *args.configfile]
     config = resolve_config(merge_configfiles(*files), source=", ".join(args.configfile))
     results = args.results or Path(config["results_dir"])
     results = results if results.is_absolute() else REPO / results
-    if args.stages:
-        written = snapshot_stages(config, results, args.out, args.configfile, args.commit)
+    if args.parts:
+        written = snapshot_parts(config, results, args.out, args.configfile, args.commit)
     elif args.refresh:
         written = refresh(config, results, args.out, args.refresh, args.configfile, args.wall_time, args.commit)
     else:
