@@ -148,6 +148,9 @@ def test_a_stages_snapshot_copies_the_finished_stages_and_adds_later_ones_to_the
     finish_stage(tmp_path / "second", tuned_config, "prox")
     snapshot_parts(tuned_config, tmp_path / "second", out, ["c.yaml"], commit="def")
     assert (out / "tiny/tuning/clients.md").read_text() == "clients.md "  # kept from the first call
+    snapshot_parts(tuned_config, tmp_path / "second", out, ["c.yaml"], commit="ghi")
+    stages = json.loads((out / "provenance.json").read_text())["stages"]  # the same runs keep where they came from
+    assert (stages["tiny--tune-clients"]["commit"], stages["tiny--tune-prox"]["commit"]) == ("abc", "def")
     assert sorted(json.loads((out / "provenance.json").read_text())["stages"]) == ["tiny--tune-clients",
                                                                                  "tiny--tune-prox"]
     readme = (out / "README.md").read_text()

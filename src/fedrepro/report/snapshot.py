@@ -220,6 +220,10 @@ def progress_files(study: str, table: str) -> list[Path]:
     return [Path(study, "progress", f"{table}{suffix}") for suffix in (".md", ".csv")]
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    return a.is_file() and b.is_file() and a.read_bytes() == b.read_bytes()
+
+
 def parts_problems(config: dict, folder: Path) -> list[str]:
     """What makes a snapshot of parts in ``folder`` not a run of ``config`` as it is: a stage or progress table it
     records (provenance.json) whose files are missing, a stage the config no longer has, or a train job it holds
@@ -288,11 +292,16 @@ def snapshot_parts(config: dict, results: Path, out: Path, configfiles: list[str
             and not stale_runs(stage_config(config, name), held)]
     keep = {MANIFEST, RUNS, PROVENANCE} | {f.as_posix() for name in kept
                                            for f in stage_files(*name.split(TUNING_SEPARATOR))}
+    # a finished stage the snapshot holds already, of the same specs and the same choice, is the same run: it keeps
+    # the commit it came from
+    same = [name for name in done if name in provenance["stages"] and not stale_runs(stage_config(config, name), held)
+            and _same_file(out / stage_files(*name.split(TUNING_SEPARATOR))[-1],
+                           results / stage_files(*name.split(TUNING_SEPARATOR))[-1])]
     for old in [f for f in out.rglob("*") if f.is_file()] if out.exists() else []:
         if old.relative_to(out).as_posix() not in keep:  # a stage of older specs, an older progress table, go
             old.unlink()
     commit = commit or git_commit()
-    stages = {name: provenance["stages"][name] for name in kept}
+    stages = {name: provenance["stages"][name] for name in kept + same}
     digests = {job: d for name in kept for job, d in run_digests(stage_config(config, name)).items()}
     written = []
     for name in done:
@@ -300,7 +309,7 @@ def snapshot_parts(config: dict, results: Path, out: Path, configfiles: list[str
             (out / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(results / f, out / f)
             written.append(out / f)
-        stages[name] = study_provenance(results, name, commit, "")
+        stages.setdefault(name, study_provenance(results, name, commit, ""))
         digests |= run_digests(stage_config(config, name))
     progress = {}
     now = run_digests(config)
