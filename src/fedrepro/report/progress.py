@@ -42,11 +42,10 @@ def finished_seeds_folder(config: dict, results: Path, job: str) -> Path | None:
 def finished_jobs(config: dict, study: str, jobs: list[tuple[str, str]], results: Path) -> list[tuple[str, str]]:
     """The (setting, method) of ``jobs`` whose every seed of ``study`` has finished under the config's current
     spec: its done-marker where a run of that spec leaves it (finished_seeds_folder) and its train job's index."""
-    done = []
+    done, seeds = [], config["studies"][study]["seeds"]
     for setting, method in jobs:
         folder = finished_seeds_folder(config, results, f"{study}/{setting}/{method}")
         index = results / study / "runs" / setting / method / "seeds.json"
-        seeds = config["studies"][study]["seeds"]
         if folder is not None and index.is_file() and all((folder / f"seed{s}.done.json").is_file() for s in seeds):
             done.append((setting, method))
     return done

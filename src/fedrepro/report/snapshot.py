@@ -191,8 +191,10 @@ def snapshot(config: dict, results: Path, out: Path, configfiles: list[str], wal
     return written + _write_index(config, out, configfiles, provenance, run_digests(config))
 
 
-def stage_files(study: str, stage: str) -> list[Path]:
-    """A tuning stage's files in a snapshot, relative to it: every point's score (table and CSV) and the choice."""
+def stage_files(name: str) -> list[Path]:
+    """A tuning stage's files (by its runs' study name, <study>--tune-<stage>) in a snapshot, relative to it: every
+    point's score (table and CSV) and the choice, last."""
+    study, stage = name.split(TUNING_SEPARATOR)
     return [Path(study, "tuning", f"{stage}{suffix}") for suffix in (".md", ".csv", ".json")]
 
 
@@ -211,7 +213,7 @@ def finished_stages(config: dict, results: Path) -> list[str]:
     """The tuning stages of ``config`` whose choice is written in ``results`` from runs of the config's current
     specs: a stage whose runs are of another spec, or whose choice is missing, is not finished."""
     return [name for name in stages_of(config)
-            if all((results / f).is_file() for f in stage_files(*name.split(TUNING_SEPARATOR)))
+            if all((results / f).is_file() for f in stage_files(name))
             and not unrun_specs(stage_config(config, name), results)]
 
 
@@ -231,7 +233,7 @@ def parts_problems(config: dict, folder: Path) -> list[str]:
     recorded = json.loads((folder / PROVENANCE).read_text())
     problems = [f"{name}: no tuning stage of the config" for name in recorded["stages"]
                 if name not in stages_of(config)]
-    files = [f for name in recorded["stages"] for f in stage_files(*name.split(TUNING_SEPARATOR))]
+    files = [f for name in recorded["stages"] for f in stage_files(name)]
     files += [f for name in recorded["progress"] for f in progress_files(*name.split("/"))]
     problems += [f"{folder / f}: missing" for f in files if not (folder / f).is_file()]
     now = run_digests(config)
@@ -288,15 +290,14 @@ def snapshot_parts(config: dict, results: Path, out: Path, configfiles: list[str
     provenance = json.loads((out / PROVENANCE).read_text()) if (out / PROVENANCE).is_file() else {"stages": {}}
     held = json.loads((out / RUNS).read_text()) if (out / RUNS).is_file() else {}
     kept = [name for name in stages_of(config) if name not in done and name in provenance["stages"]
-            and all((out / f).is_file() for f in stage_files(*name.split(TUNING_SEPARATOR)))
+            and all((out / f).is_file() for f in stage_files(name))
             and not stale_runs(stage_config(config, name), held)]
     keep = {MANIFEST, RUNS, PROVENANCE} | {f.as_posix() for name in kept
-                                           for f in stage_files(*name.split(TUNING_SEPARATOR))}
+                                           for f in stage_files(name)}
     # a finished stage the snapshot holds already, of the same specs and the same choice, is the same run: it keeps
     # the commit it came from
     same = [name for name in done if name in provenance["stages"] and not stale_runs(stage_config(config, name), held)
-            and _same_file(out / stage_files(*name.split(TUNING_SEPARATOR))[-1],
-                           results / stage_files(*name.split(TUNING_SEPARATOR))[-1])]
+            and _same_file(out / stage_files(name)[-1], results / stage_files(name)[-1])]
     for old in [f for f in out.rglob("*") if f.is_file()] if out.exists() else []:
         if old.relative_to(out).as_posix() not in keep:  # a stage of older specs, an older progress table, go
             old.unlink()
@@ -305,7 +306,7 @@ def snapshot_parts(config: dict, results: Path, out: Path, configfiles: list[str
     digests = {job: d for name in kept for job, d in run_digests(stage_config(config, name)).items()}
     written = []
     for name in done:
-        for f in stage_files(*name.split(TUNING_SEPARATOR)):
+        for f in stage_files(name):
             (out / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(results / f, out / f)
             written.append(out / f)
