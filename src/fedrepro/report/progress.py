@@ -55,10 +55,10 @@ def progress_table(config: dict, study: str, table: str, results: Path,
                    out_stem: Path) -> tuple[list[tuple[str, str]], int]:
     """Render ``table`` of ``study`` (out_stem.md/.tex/.html/.csv) from its finished jobs (finished_jobs), and say
     so at its top; returns (the jobs it holds, how many jobs the table has). Nothing is written when none has
-    finished."""
+    finished, nor for a table whose cells are not its training runs' (a fine-tuning or simulation source)."""
     spec = table_spec(config["studies"][study], table)
     jobs = table_runs(spec)
-    done = finished_jobs(config, study, jobs, results)
+    done = finished_jobs(config, study, jobs, results) if spec["source"] == "train" else []
     if not done:
         return [], len(jobs)
     run_dirs = []
