@@ -70,20 +70,23 @@ laptop-feddle-600: $(VENV)/.installed fashion-mnist
 # and 7 on the same data (not in laptop-full; ~60 core-hours estimated by fedrepro.cost), in parts of at most a few
 # hours on 2 cores that each resume where they stopped (docs/measurements/laptop-feddle-table5.md): each tuning stage
 # (laptop-feddle-table5-tune-<stage>: clients first, then server_<method>, one per method's grid, each writing its
-# table and choice); Table 5's D(0.1) and D(0.3) columns (METHODS="..." narrows them to methods already tuned); the
-# rest (Tables 3 and 6, Fig. 2) and every table and figure with laptop-feddle-table5
+# table and choice); Table 5's D(0.1) and D(0.3) columns (METHODS="..." narrows them to methods already tuned,
+# TABLE=table5-readings runs the other readings' rows instead); the rest (Tables 3 and 6, Fig. 2) and every table
+# and figure with laptop-feddle-table5
 TABLE5_CONFIG := config/laptop-feddle-table5.yaml
 TABLE5 := results/laptop-feddle-table5/feddle-table5
 # Snakemake's targets for a part of the study's train jobs (fedrepro.jobs; a name it does not know stops the part),
 # before --configfile, which would take them for config files
 TABLE5_PART = targets=$$($(BIN)/python -m fedrepro.jobs --configfile $(TABLE5_CONFIG) $(1) \
 	$(if $(METHODS),--methods $(METHODS))) && $(BIN)/snakemake --cores $(CORES) $$targets --configfile $(TABLE5_CONFIG)
+# the table whose cells a -d01/-d03 part fills: table5, or table5-readings (the two ambiguous baselines' other readings)
+TABLE ?= table5
 laptop-feddle-table5-tune-%: $(VENV)/.installed fashion-mnist
 	$(BIN)/snakemake --cores $(CORES) $(TABLE5)/tuning/$*.md --configfile $(TABLE5_CONFIG)
 laptop-feddle-table5-d01: $(VENV)/.installed fashion-mnist
-	$(call TABLE5_PART,--study feddle-table5 --table table5 --settings fm-d01-n20 fm-d01-n5)
+	$(call TABLE5_PART,--study feddle-table5 --table $(TABLE) --settings fm-d01-n20 fm-d01-n5)
 laptop-feddle-table5-d03: $(VENV)/.installed fashion-mnist
-	$(call TABLE5_PART,--study feddle-table5 --table table5 --settings fm-d03-n20 fm-d03-n5)
+	$(call TABLE5_PART,--study feddle-table5 --table $(TABLE) --settings fm-d03-n20 fm-d03-n5)
 laptop-feddle-table5: $(VENV)/.installed fashion-mnist
 	$(BIN)/snakemake --cores $(CORES) --configfile $(TABLE5_CONFIG)
 # copy what has finished so far into docs/results/laptop-feddle-table5: the tuning stages (a later call adds the ones

@@ -168,6 +168,16 @@ def read_json(path: str | os.PathLike, checksum: bool = False, remedy: str = REB
         raise DamagedFileError(f"{path}: not valid JSON ({type(exc).__name__}: {exc}): {remedy}") from exc
 
 
+def listed_in_indexes(indexes: list[Path] | list[str], key: str) -> list[Path]:
+    """The paths that job indexes (a train or finetune job's seeds.json: {"runs": [{key: name relative to the
+    index's folder, ...}, ...]}) list under ``key`` ("dir": a train run's folder, "file": a fine-tuning record),
+    in the indexes' order."""
+    paths = []
+    for index in map(Path, indexes):
+        paths += [index.parent / run[key] for run in read_json(index)["runs"]]
+    return paths
+
+
 @contextlib.contextmanager
 def open_npz(path: str | os.PathLike, what: str, checksum: bool = True) -> Iterator[np.lib.npyio.NpzFile]:
     """``with open_npz(path, what) as z``: ``np.load`` of an .npz, verified against its checksum first (unless

@@ -165,14 +165,11 @@ def aggregate_finetune(indexes: list[Path], summary_csv: Path, curves_csv: Path,
     """Collect the fine-tuning records listed by each finetune job's seeds.json: one row per run
     (target_acc, best_target_acc, status) and one per run and fine-tuning epoch (the curves), each table with
     its sha256 beside it (fedrepro.report.integrity)."""
-    from fedrepro.io import read_json
+    from fedrepro.io import listed_in_indexes
     from fedrepro.report.collect import collect_finetune
     from fedrepro.report.integrity import write_checked_csv
 
-    files = []
-    for index in map(Path, indexes):
-        files += [index.parent / run["file"] for run in read_json(index)["runs"]]
-    summary, curves = collect_finetune(files)
+    summary, curves = collect_finetune(listed_in_indexes(indexes, "file"))
     write_checked_csv(summary, Path(summary_csv))
     write_checked_csv(curves, Path(curves_csv))
     log(f"{len(summary)} fine-tuned runs, {len(curves)} epoch rows -> {summary_csv}, {curves_csv}")
@@ -181,14 +178,11 @@ def aggregate_finetune(indexes: list[Path], summary_csv: Path, curves_csv: Path,
 def aggregate(indexes: list[Path], runs_csv: Path, summary_csv: Path, log: Callable[[str], None]) -> None:
     """Collect the seed folders listed by each train job's seeds.json into two tidy CSVs, each with its sha256
     beside it (fedrepro.report.integrity)."""
-    from fedrepro.io import read_json
+    from fedrepro.io import listed_in_indexes
     from fedrepro.report.collect import collect_runs
     from fedrepro.report.integrity import write_checked_csv
 
-    run_dirs = []
-    for index in map(Path, indexes):
-        run_dirs += [index.parent / run["dir"] for run in read_json(index)["runs"]]
-    runs, summary = collect_runs(run_dirs)
+    runs, summary = collect_runs(listed_in_indexes(indexes, "dir"))
     write_checked_csv(runs, Path(runs_csv))
     write_checked_csv(summary, Path(summary_csv))
     log(f"{len(summary)} runs, {len(runs)} evaluation rows -> {runs_csv}, {summary_csv}")

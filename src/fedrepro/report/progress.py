@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedrepro.config import REPO
-from fedrepro.io import read_json
+from fedrepro.io import listed_in_indexes
 from fedrepro.report.collect import collect_runs
 from fedrepro.report.convergence import add_plateau_changes
 from fedrepro.report.derived import add_derived
@@ -61,11 +61,8 @@ def progress_table(config: dict, study: str, table: str, results: Path,
     done = finished_jobs(config, study, jobs, results) if spec["source"] == "train" else []
     if not done:
         return [], len(jobs)
-    run_dirs = []
-    for setting, method in done:
-        index = results / study / "runs" / setting / method / "seeds.json"
-        run_dirs += [index.parent / run["dir"] for run in read_json(index)["runs"]]
-    runs, summary = collect_runs(run_dirs)
+    indexes = [results / study / "runs" / setting / method / "seeds.json" for setting, method in done]
+    runs, summary = collect_runs(listed_in_indexes(indexes, "dir"))
     frame = add_plateau_changes(add_derived(spec, summary, runs), runs)
     paper = config["studies"][study]["paper"]
     published = load_published(REPO / "config" / "paper" / f"{paper}.csv") if paper else None
