@@ -81,8 +81,9 @@ def test_best_claim_holds_fails_and_names_the_failing_column() -> None:
     (claim,) = check_claims(spec, cells, trials=3)
     assert claim.paper == ("holds (2 of 2): one (vs B) holds: +1.00 (no sd printed); "
                            "two (vs B) holds: +1.00 (no sd printed)")
-    assert claim.ours == ("fails (1 hold, 1 fail of 2): one (vs B) holds: +1.00 ± 0.08 (2 SE 0.16); "
-                          "two (vs B) fails: -1.00 ± 0.08 (2 SE 0.16)") and claim.holds is False
+    assert claim.ours == ("fails (1 hold, 1 fail of 2): one (vs B) holds: +1.00 ± 0.08 (2 SE 0.16; unpaired, 3 and 3 "
+                          "seeds); two (vs B) fails: -1.00 ± 0.08 (2 SE 0.16; unpaired, 3 and 3 seeds)")
+    assert claim.holds is False
     assert claim.text == "A is best in every column"
 
 
@@ -110,12 +111,15 @@ def test_pairwise_and_column_claims_with_missing_cells() -> None:
     cells = cells_of(spec, ours, paper, [[NAN] * 2] * 3, ours_sd=[[0.1] * 2] * 3, seeds=3)
     pair, column, one_row = check_claims(spec, cells, trials=3)
     assert pair.text == "C beats B"
-    assert pair.ours == "holds (1 of 1); 1 of 2 without numbers: with holds: +12.00 ± 0.08 (2 SE 0.16)"
+    assert pair.ours == ("holds (1 of 1); 1 of 2 without numbers: with holds: +12.00 ± 0.08 (2 SE 0.16; unpaired, 3 "
+                         "and 3 seeds)")
     assert pair.holds is None and pair.paper.startswith("holds (2 of 2): ")
-    assert column.ours == ("fails (1 hold, 1 fail of 2); 1 of 3 without numbers: A holds: +5.00 ± 0.08 (2 SE 0.16); "
-                           "B fails: -2.00 ± 0.08 (2 SE 0.16)") and column.holds is False
+    assert column.ours == ("fails (1 hold, 1 fail of 2); 1 of 3 without numbers: A holds: +5.00 ± 0.08 (2 SE 0.16; "
+                           "unpaired, 3 and 3 seeds); B fails: -2.00 ± 0.08 (2 SE 0.16; unpaired, 3 and 3 seeds)")
+    assert column.holds is False
     assert column.paper.startswith("holds (3 of 3): ")
-    assert one_row.ours == "holds (1 of 1): A holds: +5.00 ± 0.08 (2 SE 0.16)" and one_row.holds is True
+    assert one_row.ours == "holds (1 of 1): A holds: +5.00 ± 0.08 (2 SE 0.16; unpaired, 3 and 3 seeds)"
+    assert one_row.holds is True
     assert one_row.text == "column with beats column without in A"
 
 
@@ -129,19 +133,22 @@ def test_a_place_holds_beyond_two_standard_errors_fails_below_minus_two_and_is_w
     # sd 1 over 2 seeds in both cells: SE of the difference sqrt(1/2 + 1/2) = 1
     cells = cells_of(spec, ours, [[NAN] * 3] * 3, [[NAN] * 3] * 3, ours_sd=[[1.0] * 3] * 3, seeds=2)
     every, two_columns = check_claims(spec, cells)
-    assert every.ours == ("fails (1 hold, 1 fail, 1 within noise of 3): one holds: +3.00 ± 1.00 (2 SE 2.00); "
-                          "two within noise: +1.00 ± 1.00 (2 SE 2.00); three fails: -3.00 ± 1.00 (2 SE 2.00)")
+    assert every.ours == ("fails (1 hold, 1 fail, 1 within noise of 3): one holds: +3.00 ± 1.00 (2 SE 2.00; unpaired, "
+                          "2 and 2 seeds); two within noise: +1.00 ± 1.00 (2 SE 2.00; unpaired, 2 and 2 seeds); three "
+                          "fails: -3.00 ± 1.00 (2 SE 2.00; unpaired, 2 and 2 seeds)")
     assert every.holds is False
     assert two_columns.ours.startswith("within noise (1 hold, 1 within noise of 2): ") and two_columns.holds is None
     # a cell of one seed has no SE: its place is unresolved whatever the sign (the default's NIID-2 cells, two of
     # three seeds diverged, once read "fails: -0.15 (1 seed)"), and the place says why
     one_seed = cells.assign(n_seeds=[1, 2, 2, 2, 2, 2, 0, 0, 0], ours_std=[NAN, 1, 1, 1, 1, 1, NAN, NAN, NAN])
     _, two_columns = check_claims(spec, one_seed)
-    assert two_columns.ours == ("within noise (1 within noise, 1 unresolved of 2): one unresolved: +3.00 (1 seed); "
-                                "two within noise: +1.00 ± 1.00 (2 SE 2.00)") and two_columns.holds is None
+    assert two_columns.ours == ("within noise (1 within noise, 1 unresolved of 2): one unresolved: +3.00 (1 seed; "
+                                "unpaired, 1 and 2 seeds); two within noise: +1.00 ± 1.00 (2 SE 2.00; unpaired, 2 and "
+                                "2 seeds)") and two_columns.holds is None
     only_one_seed = cells.assign(n_seeds=1, ours_std=NAN)
     every, _ = check_claims(spec, only_one_seed)
-    assert every.ours.startswith("unresolved (3 unresolved of 3): one unresolved: +3.00 (1 seed)")
+    assert every.ours.startswith("unresolved (3 unresolved of 3): one unresolved: +3.00 (1 seed; unpaired, 1 and 1 "
+                                 "seeds)")
 
 
 def test_a_place_on_a_cell_whose_seeds_still_move_says_so() -> None:
@@ -151,9 +158,10 @@ def test_a_place_on_a_cell_whose_seeds_still_move_says_so() -> None:
     # b's cell in column one and a's in column three have a seed not at its plateau (the tables' n_moving)
     moving = cells.assign(n_moving=[0, 0, 1, 1, 0, 0, 0, 0, 0])
     (claim,) = check_claims(spec, moving)
-    assert claim.ours == ("fails (1 hold, 1 fail, 1 within noise of 3): one holds: +3.00 ± 1.00 (2 SE 2.00; ‡ seeds "
-                          "not at their plateau); two within noise: +1.00 ± 1.00 (2 SE 2.00); three fails: -3.00 ± "
-                          "1.00 (2 SE 2.00; ‡ seeds not at their plateau)")
+    assert claim.ours == ("fails (1 hold, 1 fail, 1 within noise of 3): one holds: +3.00 ± 1.00 (2 SE 2.00; unpaired, "
+                          "2 and 2 seeds; ‡ seeds not at their plateau); two within noise: +1.00 ± 1.00 (2 SE 2.00; "
+                          "unpaired, 2 and 2 seeds); three fails: -3.00 ± 1.00 (2 SE 2.00; unpaired, 2 and 2 seeds; ‡ "
+                          "seeds not at their plateau)")
     # the outcome is the seeds' noise's, as before: the mark says what the difference is between
     assert [c.ours.split(":")[0] for c in check_claims(spec, cells)] == [claim.ours.split(":")[0]]
     assert "‡" not in check_claims(spec, cells)[0].ours  # a CSV without n_moving marks nothing
@@ -205,7 +213,8 @@ def test_runs_that_share_their_seeds_are_judged_on_their_paired_differences() ->
     runs, summary = made_up_runs({("a", "s1"): base, ("a-d", "s1"): [b + g for b, g in zip(base, gain, strict=True)]})
     cells = cells_from_runs(spec, summary)
     (unpaired,) = check_claims(spec, cells)
-    assert unpaired.ours == "within noise (1 within noise of 1): A within noise: +1.00 ± 4.99 (2 SE 9.97)"
+    assert unpaired.ours == ("within noise (1 within noise of 1): A within noise: +1.00 ± 4.99 (2 SE 9.97; unpaired, 5 "
+                             "and 5 seeds)")
     (paired,) = check_claims(spec, cells, seeds=seed_values(spec, cells, runs, summary))
     assert paired.ours == "holds (1 of 1): A holds: +1.00 ± 0.07 (2 SE 0.14; paired over 5 seeds)"
     assert paired.holds is True
@@ -234,8 +243,9 @@ def test_a_best_claim_is_checked_against_the_strongest_other_row() -> None:
     ours = [[75.5, 10.0], [72.0, 30.0], [74.0, 12.0]]  # C is the runner-up in both columns (fewer rounds: better)
     cells = cells_of(spec, ours, [[NAN] * 2] * 3, [[NAN] * 2] * 3, ours_sd=[[0.5, 1.0]] * 3, seeds=2)
     (claim,) = check_claims(spec, cells)
-    assert claim.ours == ("within noise (1 hold, 1 within noise of 2): acc (vs C) holds: +1.50 ± 0.50 (2 SE 1.00); "
-                          "rounds (vs C) within noise: +2.00 ± 1.00 (2 SE 2.00)")
+    assert claim.ours == ("within noise (1 hold, 1 within noise of 2): acc (vs C) holds: +1.50 ± 0.50 (2 SE 1.00; "
+                          "unpaired, 2 and 2 seeds); rounds (vs C) within noise: +2.00 ± 1.00 (2 SE 2.00; unpaired, 2 "
+                          "and 2 seeds)")
 
 
 def test_the_published_side_uses_the_printed_sd_over_the_papers_trials_or_else_the_sign(tmp_path: Path) -> None:
@@ -289,7 +299,8 @@ def test_embedded_scorecard_compares_rankings_only_paper_scale_shows_distances(t
     assert "| t | Table 1 | best | 6 of 6 | 6 |" in md
     assert "1 of 1 hold in our numbers, 0 fail, 0 within noise or without numbers" in md
     html = (tmp_path / "sc.html").read_text()
-    assert '<td class="holds">holds (2 of 2): one (vs B) holds: +1.00 ± 0.08 (2 SE 0.16);' in html
+    assert ('<td class="holds">holds (2 of 2): one (vs B) holds: +1.00 ± 0.08 (2 SE 0.16; unpaired, 3 and 3 seeds);'
+            in html)
     assert "not comparable" in html
     at_paper = {**spec, "compare_levels": True}  # what a paper-scale config resolves an absent key to
     paper = render_markdown([score_table("s", at_paper, pd.read_csv(csv))], "paper")

@@ -211,11 +211,12 @@ class Place:
                 f"({NOISE_SE:g} SE {NOISE_SE * self.se:.{self.digits}f}{notes})")
 
 
-def _place(name: str, a: Estimate, b: Estimate, lower: bool, no_se: str) -> Place:
+def _place(name: str, a: Estimate, b: Estimate, lower: bool, no_se: str, ours: bool) -> Place:
     """Claimed cell ``a`` against ``b``. Where the two pair by seed (same setting, the same seeds:
     fedrepro.report.paired) the difference is the mean of the per-seed differences and its SE sd_d / sqrt(n);
-    otherwise the difference of the two means, SE sqrt(sd_a²/n_a + sd_b²/n_b) (two independent means)."""
-    differences, test = paired_differences(a.seeds, b.seeds) if a.seeds or b.seeds else (None, "")
+    otherwise the difference of the two means, SE sqrt(sd_a²/n_a + sd_b²/n_b) (two independent means). A place
+    of ours names its test either way; a published one (trials, never seeds) takes the unpaired rule unnamed."""
+    differences, test = paired_differences(a.seeds, b.seeds) if ours else (None, "")
     if differences is not None:
         d = [-x for x in differences] if lower else differences
         diff = statistics.fmean(d)
@@ -229,7 +230,7 @@ def _place(name: str, a: Estimate, b: Estimate, lower: bool, no_se: str) -> Plac
                  a.moving or b.moving, test)
 
 
-def _places(spec: dict, claim: dict, grid: list[list[Estimate]], no_se: str) -> list[Place]:
+def _places(spec: dict, claim: dict, grid: list[list[Estimate]], no_se: str, ours: bool) -> list[Place]:
     """The places the claim can be checked in ``grid`` (those with both means); a `best` claim's place pits the
     claimed row against the strongest other row of the column."""
     lower = [lower_is_better(metric_key(spec, c)) for c in spec["columns"]]
@@ -244,18 +245,18 @@ def _places(spec: dict, claim: dict, grid: list[list[Estimate]], no_se: str) -> 
                 continue
             column = [line[j].mean for line in grid]
             k = (min if lower[j] else max)(others, key=column.__getitem__)
-            places.append(_place(f"{col_label[j]} (vs {row_label[k]})", grid[i][j], grid[k][j], lower[j], no_se))
+            places.append(_place(f"{col_label[j]} (vs {row_label[k]})", grid[i][j], grid[k][j], lower[j], no_se, ours))
     elif "better" in claim:
         i, k = _row_index(spec, claim["better"]), _row_index(spec, claim["than"])
         for j in _columns_of(spec, claim["columns"]):
             if not (math.isnan(grid[i][j].mean) or math.isnan(grid[k][j].mean)):
-                places.append(_place(col_label[j], grid[i][j], grid[k][j], lower[j], no_se))
+                places.append(_place(col_label[j], grid[i][j], grid[k][j], lower[j], no_se, ours))
     else:
         j, k = _column_index(spec, claim["better_column"]), _column_index(spec, claim["than_column"])
         rows = range(len(grid)) if claim["rows"] is None else [_row_index(spec, m) for m in claim["rows"]]
         for i in rows:
             if not (math.isnan(grid[i][j].mean) or math.isnan(grid[i][k].mean)):
-                places.append(_place(row_label[i], grid[i][j], grid[i][k], lower[j], no_se))
+                places.append(_place(row_label[i], grid[i][j], grid[i][k], lower[j], no_se, ours))
     return places
 
 
@@ -317,9 +318,9 @@ def check_claims(spec: dict, cells: pd.DataFrame, trials: int | None = None,
     for claim in spec.get("claims", []):
         claim = {"columns": None, "rows": None, **claim}
         total = _n_places(spec, claim)
-        ours_places = _places(spec, claim, ours, ONE_SEED)
+        ours_places = _places(spec, claim, ours, ONE_SEED, ours=True)
         outcome, ours_text = _verdict(ours_places, total)
-        _, paper_text = _verdict(_places(spec, claim, paper, paper_no_se), total)
+        _, paper_text = _verdict(_places(spec, claim, paper, paper_no_se, ours=False), total)
         # a claim holds only where it holds in every place it makes; one place against it is enough to fail
         holds = False if outcome == FAILS else (True if outcome == HOLDS and len(ours_places) == total else None)
         out.append(ClaimResult(claim_text(spec, claim), ours_text, paper_text, holds))
