@@ -22,13 +22,36 @@ from typing import Any
 
 import pandas as pd
 
+from fedrepro.config import TUNING_SEPARATOR
 from fedrepro.io import atomic_write_json, atomic_write_text, read_json
 from fedrepro.report.derived import add_derived, metric_key
+from fedrepro.study import unknown_name
 
 
 class TuningError(ValueError):
     """A tuning stage whose runs cannot choose (missing runs, every point diverged), or a choice file a run cannot
     use; the message names the stage, the method or the file."""
+
+
+def stage_params(config: dict, study_name: str, stage_name: str) -> dict:
+    """What scoring a stage reads (``stage`` of point_scores and choose): its study and stage, whom its choice
+    applies to, the study's tuning metric, settings and seeds, and each grid point (variant -> its method and
+    values). TuningError naming a study or stage the resolved ``config`` does not have."""
+    if problem := unknown_name(study_name, config["studies"], "study"):
+        raise TuningError(problem)
+    study = config["studies"][study_name]
+    stages = [t["stage"] for t in study.get("tuned_by", [])]
+    if problem := unknown_name(stage_name, stages, f"tuning stage of {study_name}"):
+        raise TuningError(problem)
+    stage_study = config["tuning_studies"][f"{study_name}{TUNING_SEPARATOR}{stage_name}"]
+    return {
+        "study": study_name, "stage": stage_name,
+        "applies_to": next(t["applies_to"] for t in study["tuned_by"] if t["stage"] == stage_name),
+        "metric": study["tuning"]["metric"], "settings": list(study["tuning"]["settings"]),
+        "seeds": list(study["tuning"]["seeds"]),
+        "variants": {v["method"]: {"method": base, "values": v["values"]}
+                     for base, variants in stage_study["sweeps"].items() for v in variants},
+    }
 
 
 def point_scores(stage: dict, runs: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:

@@ -263,3 +263,38 @@ def test_feddles_table5_study_tunes_every_method_by_app_d_and_then_runs_all_four
                                  {"study": "feddle-table5", "stage": stage, "method": tuned_like}], row
         assert not spec["hparams"].keys() & {"lr", "epochs"}, row
     assert {"table3", "table6"} <= set(study["tables"]) and {"fig2", "fig7"} <= set(study["figures"])
+
+
+# ---------------------------------------------------------------- would fewer rounds choose the same?
+
+
+def curves(points: dict[str, list[float]]):
+    """(runs, summary) of STAGE's runs, one curve per variant (the same on every setting and seed), an evaluation
+    every 10 rounds; the stage's metric, the max of the last 2 evaluations."""
+    stage = {**STAGE, "metric": "last_k_max_acc"}
+    rows, summary = [], []
+    for variant, accs in points.items():
+        for setting, seed in [("a", 7), ("a", 8), ("b", 7), ("b", 8)]:
+            summary.append({"study": "s", "setting": setting, "method": variant, "seed": seed, "status": "complete",
+                            "last_k": 2})
+            rows += [{"study": "s", "setting": setting, "method": variant, "seed": seed, "round": 10 * (i + 1),
+                      "test_acc": acc} for i, acc in enumerate(accs)]
+    return stage, pd.DataFrame(rows), pd.DataFrame(summary)
+
+
+def test_a_stage_cut_at_a_shorter_horizon_scores_each_point_on_its_curve_up_to_that_round():
+    from fedrepro.tuning_horizon import horizon_table
+
+    # m-x1 learns fast and stalls, m-x3 is slow and wins at 40 rounds: the cut at 20 ranks them in reverse
+    stage, runs, summary = curves({"m-x1": [50, 60, 61, 61], "m-x2": [30, 40, 50, 65], "m-x3": [10, 20, 60, 70],
+                                   "n-y1": [5, 6, 7, 8]})
+    table = horizon_table(stage, runs, summary, [20]).set_index(["horizon", "method"])
+    assert table.loc[(20, "m"), "chosen"] == "m-x1" and table.loc[(20, "m"), "score"] == 60
+    assert table.loc[(40, "m"), "chosen"] == "m-x3" and table.loc[(40, "m"), "score"] == 70
+    assert table.loc[(20, "m"), "full_choice_rank"] == 3 and table.loc[(40, "m"), "full_choice_rank"] == 1
+    assert table.loc[(20, "m"), "spearman"] == pytest.approx(-1.0)
+    assert table.loc[(40, "m"), "spearman"] == pytest.approx(1.0)
+    with pytest.raises(TuningError, match=r"horizons \[40\] are not between 0 and the runs' 40 rounds"):
+        horizon_table(stage, runs, summary, [40])
+    with pytest.raises(TuningError, match="'best_acc' is not read off the curve"):
+        horizon_table(STAGE, runs, summary, [20])

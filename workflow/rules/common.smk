@@ -27,7 +27,7 @@ from fedrepro.data.weights import weights_of  # noqa: E402
 from fedrepro.report import figure_kinds, table_sources  # noqa: E402
 from fedrepro.report.captions import figure_caption, table_caption  # noqa: E402
 from fedrepro.report.table_sources import table_source  # noqa: E402
-from fedrepro.tuning import choice_path  # noqa: E402
+from fedrepro.tuning import TuningError, choice_path, stage_params  # noqa: E402
 
 try:
     CFG = resolve_config(config, source="config", root=Path(workflow.basedir))
@@ -201,18 +201,11 @@ def tuned_choices(wildcards):
 
 
 def tuning_stage(wildcards):
-    """What choose_tuning reads of <study>/<stage>: its runs' study, metric, settings, seeds and each grid
-    point (variant -> its method and values)."""
-    study = named("study", wildcards.study, STUDIES)
-    stage_study = named("tuning stage", f"{wildcards.study}{TUNING_SEPARATOR}{wildcards.stage}", CFG["tuning_studies"])
-    applies_to = next(t["applies_to"] for t in study["tuned_by"] if t["stage"] == wildcards.stage)
-    return {
-        "study": wildcards.study, "stage": wildcards.stage, "applies_to": applies_to,
-        "metric": study["tuning"]["metric"], "settings": list(study["tuning"]["settings"]),
-        "seeds": list(study["tuning"]["seeds"]),
-        "variants": {v["method"]: {"method": base, "values": v["values"]}
-                     for base, variants in stage_study["sweeps"].items() for v in variants},
-    }
+    """What choose_tuning reads of <study>/<stage> (fedrepro.tuning.stage_params)."""
+    try:
+        return stage_params(CFG, wildcards.study, wildcards.stage)
+    except TuningError as err:
+        raise WorkflowError(str(err)) from None
 
 
 def train_spec(wildcards):
