@@ -8,7 +8,8 @@ the method a grid point varies, is one of ``--methods`` and whose setting is one
 either) and, with ``--table``, whose runs fill that table's cells, one per line, for ``snakemake <targets>``:
 Snakemake then runs those jobs and what they need (partitions, the tuning choices they train with) and nothing else;
 each resumes where it stopped. With ``--cost``, it prints instead their runs and estimated CPU core-hours
-(fedrepro.cost, measured on this machine). A name that matches nothing stops it, naming the name and what there is.
+(fedrepro.cost, measured on this machine), and for the jobs already finished, those hours as measured. A name
+that matches nothing stops it, naming the name and what there is.
 """
 
 from __future__ import annotations
@@ -77,6 +78,28 @@ def main(argv: list[str] | None = None) -> None:
     hours = sum(c["cpu_s"] + c["server_cpu_s"] for c in costs) / 3600
     print(f"{args.study}: {len(jobs)} train jobs, {len(jobs) * len(study['seeds'])} runs, ~{hours:.1f} CPU "
           f"core-hours (clients and server; {1 / cpu_spf / 1e9:.1f} GFLOP/s a core measured here)")
+    if measured := measured_seconds(config, args.study, jobs):
+        estimated = sum(c["cpu_s"] + c["server_cpu_s"] for job, c in zip(jobs, costs, strict=True) if job in measured)
+        spent = sum(measured.values())
+        print(f"finished so far: {len(measured)} of the {len(jobs)} jobs, {spent / 3600:.2f} core-hours measured "
+              f"(their runs' own seconds), estimated {estimated / 3600:.2f}")
+
+
+def measured_seconds(config: dict, study_name: str, jobs: list[tuple[str, str]]) -> dict[tuple[str, str], float]:
+    """(setting, method) -> the seconds its runs took (each seed's summary.json), for the ``jobs`` that have
+    finished every seed under the config's current spec (fedrepro.report.progress.finished_jobs); a run takes one
+    core (train_resources' threads), so its seconds are core-seconds on an otherwise idle core."""
+    from pathlib import Path
+
+    from fedrepro.io import read_json
+    from fedrepro.report.progress import finished_jobs
+
+    results = Path(config["results_dir"])
+    studies = {**config["studies"], **config.get("tuning_studies", {})}
+    seeds = studies[study_name]["seeds"]
+    return {(s, m): sum(float(read_json(results / study_name / "runs" / s / m / f"seed{seed}" / "summary.json")
+                              ["seconds"]) for seed in seeds)
+            for s, m in finished_jobs({**config, "studies": studies}, study_name, jobs, results)}
 
 
 if __name__ == "__main__":

@@ -82,3 +82,31 @@ def test_a_parts_cost_is_its_jobs_share_of_the_studys_estimate(tmp_path, capsys,
                if r["study"] == "tiny--tune-clients")
     hours = row["cpu_hours"] + row["server_cpu_hours"]
     assert hours > 1 and printed.startswith(f"tiny--tune-clients: 2 train jobs, 2 runs, ~{hours:.1f} CPU core-hours")
+
+
+def test_a_parts_measured_cost_counts_only_jobs_finished_under_the_current_spec(tmp_path, capsys, monkeypatch):
+    """--cost adds what the finished jobs took: their runs' own seconds, read from each seed's summary.json, for
+    jobs whose every seed left its done-marker under the current spec's digest (a run of an edited spec does not
+    count)."""
+    from fedrepro import cost
+    from fedrepro.report.progress import finished_seeds_folder
+
+    monkeypatch.setattr(cost, "cpu_seconds_per_flop", lambda: 1e-4)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"studies": {"tiny": str(STUDY)}}))
+    resolved = resolve_config({"studies": {"tiny": str(STUDY)}})
+    study = "tiny--tune-clients"
+    results = tmp_path / "results"
+    for method, seconds, current in (("fedavg-lr0.1", 5400.0, True), ("fedavg-lr0.001", 999.0, False)):
+        runs = results / study / "runs" / "iid" / method
+        (runs / "seed10").mkdir(parents=True)
+        (runs / "seeds.json").write_text("{}")
+        (runs / "seed10" / "summary.json").write_text(f'{{"seconds": {seconds}}}')
+        folder = finished_seeds_folder({**resolved, "studies": {**resolved["studies"], **resolved["tuning_studies"]}},
+                                       results, f"{study}/iid/{method}")
+        marker = folder if current else folder.parent / "an-older-spec"
+        marker.mkdir(parents=True)
+        (marker / "seed10.done.json").write_text("{}")
+    main(["--configfile", str(tmp_path / "config.yaml"), "--study", study, "--cost"])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("finished so far: 1 of the 2 jobs, 1.50 core-hours measured")
