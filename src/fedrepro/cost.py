@@ -23,14 +23,15 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from fedrepro.asyncfl.methods import build_method, feddle
+from fedrepro.asyncfl.base import ServerPass, ServerWork
+from fedrepro.asyncfl.methods import build_method
 from fedrepro.config import REPO, load_yaml, resolve_config
 from fedrepro.data.registry import SHAPES as DATASETS
 from fedrepro.data.registry import TEST_SIZES
@@ -112,7 +113,9 @@ def model_input(spec: dict) -> tuple[tuple[int, ...], int]:
 
 
 def run_steps(spec: dict) -> float:
-    """SGD steps of one run of ``spec``."""
+    """SGD steps of one run of ``spec``'s clients (none for an asynchronous method that samples none: Center)."""
+    if spec.get("federation") == "async" and not build_method(spec["algorithm"], **spec["hparams"]).uses_clients:
+        return 0.0
     n, _, _ = DATASETS[spec["dataset"]]
     part, t = spec["partition"], spec["training"]
     if part.get("pool_test"):
@@ -136,47 +139,19 @@ def run_steps(spec: dict) -> float:
     return steps
 
 
-@dataclass(frozen=True)
-class ServerPass:
-    """``samples`` images a run's server puts through its model (over all rounds), in batches of ``batch``,
-    forward only or forward and backward."""
-
-    samples: float
-    batch: int
-    backward: bool
-
-
 def server_passes(spec: dict) -> list[ServerPass]:
-    """The passes over its own data that the server of an asynchronous run makes, counted in every round (a
-    round where no update arrives skips them: a few rounds at the start under long delays). The heads fitted on
-    precomputed features (Feddle-OOD) are left out: a linear layer, not the model."""
+    """The passes over its own data that the server of an asynchronous run makes (the method's
+    ``server_passes``), forward-only ones in a GPU's inference batch."""
     if spec.get("federation") != "async":
         return []
     method = build_method(spec["algorithm"], **spec["hparams"])
     asyn, t = spec["async"], spec["training"]
     n_id = asyn["server_samples"]
     n = n_id if method.server_data != "out_of_domain" else asyn.get("ood_samples") or DATASETS[asyn["ood_dataset"]][0]
-    rounds = t["rounds"]
-    if method.name == "feddle":  # the search, the OOD head's feature pass, the cosine over both sets' subsets
-        passes = [ServerPass(rounds * method.epochs * n, method.batch_size, True)]
-        if method.server_data == "out_of_domain":
-            passes.append(ServerPass(rounds * n, GPU_INFERENCE_BATCH, False))
-        if method.grad_cosine:
-            cosine = min(feddle.GRAD_SAMPLES, n) + min(feddle.GRAD_SAMPLES, n_id)
-            passes.append(ServerPass(rounds * cosine, method.batch_size, True))
-        return passes
-    if method.name == "feddf":  # every arrived client model is a teacher: as many a round as are sent
-        clients_per_round = max(1, round(t["join_ratio"] * spec["partition"]["clients"]))
-        return [ServerPass(rounds * clients_per_round * n, GPU_INFERENCE_BATCH, False),
-                ServerPass(rounds * method.epochs * n, method.batch_size, True)]
-    if method.name == "fedft":
-        return [ServerPass(rounds * method.epochs * n, method.batch_size, True)]
-    if method.name == "hfcl":  # a client's training, with the clients' epochs and batch unless set
-        return [ServerPass(rounds * (method.epochs or t["local_epochs"]) * n, method.batch_size or t["batch_size"],
-                           True)]
-    if method.name == "center":  # trains in round 1 only
-        return [ServerPass(method.epochs * n, method.batch_size, True)]
-    return []
+    work = ServerWork(rounds=t["rounds"], samples=n, in_domain_samples=n_id,
+                      clients_per_round=max(1, round(t["join_ratio"] * spec["partition"]["clients"])),
+                      local_epochs=t["local_epochs"], client_batch=t["batch_size"])
+    return [p if p.batch is not None else replace(p, batch=GPU_INFERENCE_BATCH) for p in method.server_passes(work)]
 
 
 def server_cost(passes: list[ServerPass], sample_flops: dict[bool, float], gpu_tflops: float,

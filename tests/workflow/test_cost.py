@@ -74,6 +74,12 @@ def test_server_passes_count_the_servers_data_every_round():
     assert server_passes(async_spec("fedavg")) == [] and server_passes(spec()) == []
     # Feddle-OOD's server backpropagates ~1000x the samples its clients' steps take (100 each, 2 epochs)
     assert server_passes(feddle_ood)[0].samples > 900 * run_steps(feddle_ood) * 32
+    # Center trains on the server's set once, in round 1, and never samples a client
+    center = async_spec("center", epochs=50, batch_size=64)
+    assert server_passes(center) == [ServerPass(50 * 1000, 64, True)] and run_steps(center) == 0
+    assert run_steps(async_spec("fedft")) == 200 * 10 * 2 * 4  # its clients: 120 samples -> 4 batches of 32
+    # HFCL's server client: the clients' epochs and batch unless it sets its own
+    assert server_passes(async_spec("hfcl")) == [ServerPass(200 * 2 * 1000, 32, True)]
 
 
 def test_server_cost_is_flops_per_sample_with_a_step_floor_per_batch():

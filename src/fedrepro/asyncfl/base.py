@@ -52,6 +52,30 @@ HOST = torch.device("cpu")
 ServerData = Literal["in_domain", "out_of_domain"]  # where ``host_state`` lives, whatever the run's device
 
 
+@dataclass(frozen=True)
+class ServerPass:
+    """``samples`` images a run's server puts through its model (over all rounds), in batches of ``batch`` (None:
+    the device's inference batch, sim/tensors.py ``inference_batch``), forward only or forward and backward."""
+
+    samples: float
+    batch: int | None
+    backward: bool
+
+
+@dataclass(frozen=True)
+class ServerWork:
+    """What a run's server passes depend on (fedrepro.cost reads it off the run spec): its rounds, the size of the
+    server data the method trains on (``server_data``'s set) and of the in-domain set, the clients sent a round,
+    and the clients' local epochs and batch size."""
+
+    rounds: int
+    samples: int
+    in_domain_samples: int
+    clients_per_round: int
+    local_epochs: int
+    client_batch: int
+
+
 @dataclass
 class Update:
     """One client's report: Delta = w_local - w_start, where w_start is the model it was sent."""
@@ -83,6 +107,12 @@ class AsyncMethod:
         ``run.server_y`` hold the server data this method asked for (None without)."""
         self.run = run
         self.flat, self.model = run.flat, run.model
+
+    def server_passes(self, work: ServerWork) -> list[ServerPass]:
+        """The passes over its own data that the server makes in a run of ``work`` (fedrepro.cost's estimate),
+        counted in every round (a round where no update arrives skips them: a few at the start under long
+        delays). FedAvg: none."""
+        return []
 
     def state_bytes_per_client(self, num_params: int) -> int:
         """Bytes of state kept for every client that ever reports (for a model of ``num_params`` parameters):

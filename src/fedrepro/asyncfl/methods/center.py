@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from fedrepro.asyncfl.base import AsyncMethod
+from fedrepro.asyncfl.base import AsyncMethod, ServerPass, ServerWork
 from fedrepro.plugins import Positive, PositiveInt
 from fedrepro.sim.vector_optim import Optimizer
 
@@ -20,6 +20,9 @@ class Center(AsyncMethod):
         super().__init__()
         self.server_data = "in_domain"
         self.lr, self.epochs, self.batch_size, self.optimizer = lr, epochs, batch_size, optimizer
+
+    def server_passes(self, work: ServerWork) -> list[ServerPass]:  # trains in round 1 only
+        return [ServerPass(self.epochs * work.samples, self.batch_size, True)]
 
     def server_end(self, w: Tensor, rnd: int) -> Tensor:
         if rnd != 1:

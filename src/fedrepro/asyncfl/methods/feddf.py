@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call
 
-from fedrepro.asyncfl.base import AsyncMethod, ServerData
+from fedrepro.asyncfl.base import AsyncMethod, ServerData, ServerPass, ServerWork
 from fedrepro.asyncfl.server_train import train_vector
 from fedrepro.plugins import Positive, PositiveInt
 from fedrepro.sim.tensors import eval_mode, in_inference_batches
@@ -29,6 +29,10 @@ class FedDF(AsyncMethod):
         super().__init__()
         self.server_data = server_data
         self.lr, self.epochs, self.batch_size, self.temperature = lr, epochs, batch_size, temperature
+
+    def server_passes(self, work: ServerWork) -> list[ServerPass]:  # every arrived client model is a teacher
+        return [ServerPass(work.rounds * work.clients_per_round * work.samples, None, False),
+                ServerPass(work.rounds * self.epochs * work.samples, self.batch_size, True)]
 
     @torch.no_grad()
     def ensemble_probs(self, x: Tensor, teachers: list[Tensor], buffers: list[Tensor | None] | None = None) -> Tensor:

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedrepro.asyncfl.atlas import coefficient_grad, normalize_anchors, replace_slot, search_coefficients
-from fedrepro.asyncfl.base import AsyncMethod, ServerData, Update, merge_buffers
+from fedrepro.asyncfl.base import AsyncMethod, ServerData, ServerPass, ServerWork, Update, merge_buffers
 from fedrepro.plugins import NonNegative, NonNegativeInt, Positive, PositiveInt
 from fedrepro.sim.tensors import eval_mode, in_inference_batches
 
@@ -67,6 +67,17 @@ class Feddle(AsyncMethod):
         # anchor_buffers[m]: the BatchNorm statistics of anchor m's client (None for a model without any)
         self.state = {"anchors": [], "anchor_buffers": [], "scores": [], "ages": [], "fresh": [], "added": 0,
                       "stats": dict.fromkeys(stats, math.nan)}
+
+    def server_passes(self, work: ServerWork) -> list[ServerPass]:
+        """The search; the OOD head's feature pass (the head itself, a linear layer on cached features, is left
+        out); the gradient cosine's subsets of both sets."""
+        passes = [ServerPass(work.rounds * self.epochs * work.samples, self.batch_size, True)]
+        if self.server_data == "out_of_domain":
+            passes.append(ServerPass(work.rounds * work.samples, None, False))
+        if self.grad_cosine:
+            cosine = min(GRAD_SAMPLES, work.samples) + min(GRAD_SAMPLES, work.in_domain_samples)
+            passes.append(ServerPass(work.rounds * cosine, self.batch_size, True))
+        return passes
 
     def server_receive(self, w: Tensor, update: Update) -> Tensor:
         s = self.state

@@ -11,7 +11,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from fedrepro.algorithms.base import Client
-from fedrepro.asyncfl.base import AsyncMethod, Update
+from fedrepro.asyncfl.base import AsyncMethod, ServerPass, ServerWork, Update
 from fedrepro.asyncfl.server_train import batches
 from fedrepro.plugins import PositiveInt
 
@@ -25,6 +25,10 @@ class HFCL(AsyncMethod):
         super().__init__()
         self.server_data = "in_domain"
         self.epochs, self.batch_size = epochs, batch_size
+
+    def server_passes(self, work: ServerWork) -> list[ServerPass]:  # a client's training, with its own values
+        return [ServerPass(work.rounds * (self.epochs or work.local_epochs) * work.samples,
+                           self.batch_size or work.client_batch, True)]
 
     def server_end(self, w: Tensor, rnd: int) -> Tensor:
         if not self._arrived:
