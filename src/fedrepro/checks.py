@@ -300,9 +300,12 @@ def _deviation_problems(study: dict) -> Problems:
     known_ids = deviation_ids()
     for kind in ("tables", "figures"):
         for key, entry in study[kind].items():
-            for deviation in entry["deviations"]:
+            named = [(f"{kind}.{key}.deviations", d) for d in entry["deviations"]]
+            named += [(f"{kind}.{key}.rows.{i}.deviations", d)
+                      for i, row in enumerate(entry.get("rows") or []) for d in row.get("deviations") or []]
+            for where, deviation in named:
                 if deviation not in known_ids:
-                    yield (f"{kind}.{key}.deviations", f"unknown deviation {deviation!r}"
+                    yield (where, f"unknown deviation {deviation!r}"
                            f"{did_you_mean(deviation, known_ids)}: not a row of {PAGE}; known: {sorted(known_ids)}")
 
 

@@ -47,6 +47,11 @@ def test_tables_and_figures_may_name_only_rows_of_the_page(config):
                                           r"'D-feddisco-no-such-row'.*not a row of docs/deviations\.md"):
         resolve_config(bad)
     bad = copy.deepcopy(config)
+    bad["studies"]["feddisco"]["tables"]["table1"]["rows"][0]["deviations"] = ["D-feddisco-no-such-row"]
+    with pytest.raises(ConfigError, match=r"tables\.table1\.rows\.0\.deviations: unknown deviation "
+                                          r"'D-feddisco-no-such-row'"):
+        resolve_config(bad)
+    bad = copy.deepcopy(config)
     bad["studies"]["feddisco"]["figures"]["curves"]["deviations"] = ["not an id"]
     with pytest.raises(ConfigError, match="figures.curves.deviations.0"):
         resolve_config(bad)
@@ -70,6 +75,11 @@ def test_tables_link_each_deviation_in_md_and_html_and_name_it_in_tex(tmp_path, 
         assert os.path.normpath(out / href.split("#")[0]) == str(tmp_path / "docs" / "deviations.md")
     render_table({**spec, "deviations": []}, summary, None, tmp_path / "plain", "paper")
     assert "Deviations" not in (tmp_path / "plain.md").read_text()
+    # a row's own deviations are linked after the table's
+    rows = [spec["rows"][0], {**spec["rows"][1], "deviations": ["D-feddle-vit-in1k", KNOWN]}]
+    render_table({**spec, "rows": rows}, summary, None, tmp_path / "rows", "paper")
+    assert (f"Deviations from the paper: [{KNOWN}](" in (tmp_path / "rows.md").read_text()
+            and "), [D-feddle-vit-in1k](" in (tmp_path / "rows.md").read_text())
 
 
 def test_report_and_figure_captions_link_each_deviation():

@@ -336,6 +336,11 @@ def test_a_table_on_the_papers_data_compares_levels_at_embedded_scale_and_names_
     assert "<h3>Levels</h3>" in page and f"<li>{named}</li>" in page
     alone = render_markdown([score_table("s", levels, pd.read_csv(tmp_path / "lv.csv"))], "embedded")
     assert "stand-in" not in alone and "not comparable" not in alone
+    # a row that names its own deviations gives them first, then the table's, each once
+    rows = [{**ROWS[0], "deviations": ["D-s-delays", "D-s-fewer-rounds"]}, *ROWS[1:]]
+    own = score_table("s", {**levels, "rows": rows}, pd.read_csv(tmp_path / "lv.csv"))
+    assert own.level_misses == ["A / one: ours 60.00 vs published 70.00 (Δ -10.00); reasons: D-s-delays, "
+                                "D-s-fewer-rounds, D-s-fewer-samples"]
 
 
 # ------------------------------------------------------------------ claims in the study files

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from fedrepro.report.deviations import deviation_href
+from fedrepro.report.deviations import deviation_href, linked_deviations
 from fedrepro.report.figure_kinds import figure_kind
 from fedrepro.report.quantities import QUANTITIES
 from fedrepro.report.scorecard import accuracy_summary
@@ -35,7 +35,7 @@ def rst_escape(text: str) -> str:
 def deviation_links(spec: dict, report_dir: str) -> str:
     """The reStructuredText list item linking the rows of docs/deviations.md the spec names, relative to the
     report's folder (the results root: `snakemake --report <results_dir>/report.html`); "" for none."""
-    ids = spec.get("deviations") or []
+    ids = linked_deviations(spec)
     if not ids:
         return ""
     links = ", ".join(f"`{rst_escape(d)} <{deviation_href(d, report_dir)}>`__" for d in ids)

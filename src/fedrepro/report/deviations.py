@@ -47,6 +47,13 @@ def deviation_href(deviation: str, from_dir: str | Path | None = None) -> str:
     return f"{Path(page).as_posix()}#{anchor(deviation)}"
 
 
+def linked_deviations(spec: dict) -> list[str]:
+    """The ids an artifact's captions link: its own ``deviations``, then those its rows name (a table row's
+    ``deviations``: what explains that row's distance from the paper), each once."""
+    rows = [d for row in spec.get("rows") or [] for d in row.get("deviations") or []]
+    return list(dict.fromkeys([*(spec.get("deviations") or []), *rows]))
+
+
 def deviations_sentence(ids: list[str]) -> str:
     """The plain-text form of a caption's deviations (LaTeX and PNG captions, which hold no links)."""
     return "Deviations from the paper: " + ", ".join(f"{d} ({PAGE}#{anchor(d)})" for d in ids) + "."

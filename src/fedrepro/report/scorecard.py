@@ -351,12 +351,13 @@ def _rank_tau(ours: list[list[float]], paper: list[list[float]]) -> float:
 
 def _level_misses(spec: dict, ours: list[list[float]], paper: list[list[float]]) -> tuple[int, list[str]]:
     """(the accuracy cells with both numbers, each of them more than LEVEL_POINTS from its published value as
-    "row / column: ours vs published (Δ); reasons: the table's deviations"); compared at the printed two
-    decimals."""
+    "row / column: ours vs published (Δ); reasons: the row's deviations, then the table's"); compared at the
+    printed two decimals."""
     in_points = [metric_key(spec, c) in LEVEL_METRICS for c in spec["columns"]]
-    reasons = ", ".join(spec.get("deviations") or []) or "none named"
     compared, misses = 0, []
     for row, ours_line, paper_line in zip(spec["rows"], ours, paper, strict=True):
+        ids = dict.fromkeys([*(row.get("deviations") or []), *(spec.get("deviations") or [])])
+        reasons = ", ".join(ids) or "none named"
         for column, points, o, p in zip(spec["columns"], in_points, ours_line, paper_line, strict=True):
             if not points or math.isnan(o) or math.isnan(p):
                 continue

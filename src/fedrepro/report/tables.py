@@ -20,7 +20,7 @@ from fedrepro.report.convergence import (
     plateau_change_column,
 )
 from fedrepro.report.derived import lower_is_better, metric_key
-from fedrepro.report.deviations import deviation_href, deviations_sentence
+from fedrepro.report.deviations import deviation_href, deviations_sentence, linked_deviations
 from fedrepro.report.published import lookup
 from fedrepro.study import average_sources, table_cell, table_cell_method, table_cell_setting
 
@@ -529,7 +529,7 @@ def render_table(
     if scale == "embedded":
         intro.append(LEVELS_NOTE if spec.get("compare_levels") else EMBEDDED_NOTE)
     notes = _shared_run_notes(spec) + _footnotes(grid)
-    deviations = spec.get("deviations") or []
+    deviations = linked_deviations(spec)
     # links relative to the table's folder: they hold wherever the results root lies in the checkout
     links = [(d, deviation_href(d, out_stem.parent)) for d in deviations]
 
