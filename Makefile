@@ -16,7 +16,7 @@ endif
 WITH_KERNELS := env $(KERNELS_$(KERNELS))
 
 .PHONY: run test browser fashion-mnist laptop-full laptop-feddle-600 laptop-feddle-table5 \
-	laptop-feddle-table5-d01 laptop-feddle-table5-d03 snapshot-laptop-full snapshot-laptop-feddle-table5-parts \
+	laptop-feddle-table5-d01 laptop-feddle-table5-d03 laptop-feddle-table5-widths snapshot-laptop-full snapshot-laptop-feddle-table5-parts \
 	lint bench \
 	kernel-check cost preflight clean-results \
 	clean-paper-results
@@ -89,6 +89,13 @@ laptop-feddle-table5-d03: $(VENV)/.installed fashion-mnist
 	$(call TABLE5_PART,--study feddle-table5 --table $(TABLE) --settings fm-d03-n20 fm-d03-n5)
 laptop-feddle-table5: $(VENV)/.installed fashion-mnist
 	$(BIN)/snakemake --cores $(CORES) --configfile $(TABLE5_CONFIG)
+# a probe beside it (issue 49): FedBuff at its tuned values with Feddle's CNN at the laptop and the paper-scale widths,
+# D(0.1), 3 seeds (~5 core-hours estimated; SETTINGS="fm-d01-n5-cnn3 ..." runs only those columns' jobs)
+WIDTHS_CONFIG := config/laptop-feddle-table5-widths.yaml
+laptop-feddle-table5-widths: $(VENV)/.installed fashion-mnist
+	targets=$$($(BIN)/python -m fedrepro.jobs --configfile $(WIDTHS_CONFIG) --study feddle-table5-widths \
+	  $(if $(SETTINGS),--settings $(SETTINGS))) && $(BIN)/snakemake --cores $(CORES) $$targets \
+	  $(if $(SETTINGS),,results/laptop-feddle-table5-widths/scorecard.md) --configfile $(WIDTHS_CONFIG)
 # copy what has finished so far into docs/results/laptop-feddle-table5: the tuning stages (a later call adds the ones
 # since) and the tables from the jobs finished (fedrepro.report.progress)
 snapshot-laptop-feddle-table5-parts: $(VENV)/.installed

@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cost", action="store_true", help="print the part's runs and estimated core-hours")
     args = parser.parse_args(argv)
     files = [str(REPO / "config" / "config.yaml"), *args.configfile]
-    config = resolve_config(merge_configfiles(*files), source=", ".join(args.configfile))
     try:
+        config = resolve_config(merge_configfiles(*files), source=", ".join(args.configfile))
         jobs = part_jobs(config, args.study, args.methods, args.settings, args.table)
     except ConfigError as err:
         sys.exit(f"{', '.join(args.configfile)}: {err}")

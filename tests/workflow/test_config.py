@@ -354,3 +354,24 @@ def test_the_600_round_study_is_laptop_fulls_feddle_study_with_only_its_reductio
                                 "lr_decay": 0.1, "lr_decay_every": 200}
     assert six["settings"] == base["settings"] and six["async"] == base["async"]
     assert sorted(six["methods"]) == ["ca2fl", "fedasync", "fedavg", "fedbuff"]
+
+
+def test_the_widths_probe_is_table5s_tuned_fedbuff_with_only_the_models_widths_changed():
+    """config/laptop/feddle-table5-widths.yaml (issue 49's probe) trains FedBuff with the values Table 5's tuning
+    chose (the committed snapshot's choices) on Table 5's D(0.1) settings, at two widths of Feddle's CNN."""
+    from fedrepro.tuning import apply_choices
+
+    probe = resolve_config(yaml.safe_load((REPO / "config" / "laptop-feddle-table5-widths.yaml").read_text()),
+                           root=REPO)["studies"]["feddle-table5-widths"]
+    table5 = resolve_config(yaml.safe_load((REPO / "config" / "laptop-feddle-table5.yaml").read_text()),
+                            root=REPO)["studies"]["feddle-table5"]
+    assert probe["seeds"] == table5["seeds"] == [0, 1, 2]
+    tuning = REPO / "docs" / "results" / "laptop-feddle-table5" / "feddle-table5" / "tuning"
+    choices = {("feddle-table5", stage): tuning / f"{stage}.json" for stage in ("clients", "server_fedbuff")}
+    for setting in ("fm-d01-n20", "fm-d01-n5"):
+        tuned = apply_choices(run_spec(table5, setting, "fedbuff"), choices)
+        for width, model in (("", "cnn3_small"), ("-cnn3", "cnn3")):
+            spec = run_spec(probe, setting + width, "fedbuff")
+            assert spec["model"] == model
+            for key in ("training", "hparams", "partition", "async", "dataset", "test_samples", "weighting"):
+                assert spec[key] == tuned[key], (setting, width, key)
