@@ -8,6 +8,7 @@ have been accepted.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import itertools
 import os
@@ -154,6 +155,19 @@ def merge_configfiles(*paths: str | Path, root: Path = REPO) -> dict:
         path = Path(path)
         _merge_into(merged, load_yaml(path if path.is_absolute() else root / path))
     return merged
+
+
+def add_configfile_option(parser: argparse.ArgumentParser) -> None:
+    """A command's ``--configfile``: config files as Snakemake takes them, read after config/config.yaml."""
+    parser.add_argument("--configfile", nargs="+", required=True,
+                        help="config files as given to snakemake (config/config.yaml is read first)")
+
+
+def command_config(configfiles: list[str]) -> dict:
+    """config/config.yaml, then ``configfiles``, merged and resolved as Snakemake reads them (ConfigError naming
+    the file and key at fault)."""
+    return resolve_config(merge_configfiles(str(REPO / "config" / "config.yaml"), *configfiles),
+                          source=", ".join(configfiles))
 
 
 def _merge_into(base: dict, over: dict) -> None:

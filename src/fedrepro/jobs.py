@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fedrepro.config import REPO, merge_configfiles, resolve_config
+from fedrepro.config import add_configfile_option, command_config
 from fedrepro.study import ConfigError, grid_runs, run_spec, sweep_base, table_runs, unknown_name
 
 
@@ -51,17 +51,15 @@ def job_outputs(config: dict, study_name: str, jobs: list[tuple[str, str]]) -> l
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configfile", nargs="+", required=True,
-                        help="config files as given to snakemake (config/config.yaml is read first)")
+    add_configfile_option(parser)
     parser.add_argument("--study", required=True, help="a study, or a tuning stage's runs (<study>--tune-<stage>)")
     parser.add_argument("--methods", nargs="+", help="study methods (a tuned method: all its grid points)")
     parser.add_argument("--settings", nargs="+")
     parser.add_argument("--table", help="only the runs behind this table's cells")
     parser.add_argument("--cost", action="store_true", help="print the part's runs and estimated core-hours")
     args = parser.parse_args(argv)
-    files = [str(REPO / "config" / "config.yaml"), *args.configfile]
     try:
-        config = resolve_config(merge_configfiles(*files), source=", ".join(args.configfile))
+        config = command_config(args.configfile)
         jobs = part_jobs(config, args.study, args.methods, args.settings, args.table)
     except ConfigError as err:
         sys.exit(f"{', '.join(args.configfile)}: {err}")

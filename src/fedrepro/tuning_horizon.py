@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedrepro.config import REPO, TUNING_SEPARATOR, merge_configfiles, resolve_config
+from fedrepro.config import TUNING_SEPARATOR, add_configfile_option, command_config
 from fedrepro.report.derived import LAST_K_MAX, LAST_K_SD
-from fedrepro.study import unknown_name
+from fedrepro.study import ConfigError, unknown_name
 from fedrepro.tuning import TuningError, choose, point_scores, stage_params
 
 CURVE_METRICS = (LAST_K_MAX, LAST_K_SD)
@@ -69,18 +69,16 @@ def _markdown(stage: dict, table: pd.DataFrame) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configfile", nargs="+", required=True,
-                        help="config files as given to snakemake (config/config.yaml is read first)")
+    add_configfile_option(parser)
     parser.add_argument("--study", required=True, help="a study with a `tuning` block")
     parser.add_argument("--stages", nargs="+", help="its stages (default: every stage whose runs are aggregated)")
     parser.add_argument("--horizons", nargs="+", type=int, default=[50, 100, 150], help="rounds to cut at")
     args = parser.parse_args(argv)
     from fedrepro.report.integrity import read_checked_csv
 
-    files = [str(REPO / "config" / "config.yaml"), *args.configfile]
-    config = resolve_config(merge_configfiles(*files), source=", ".join(args.configfile))
-    results = Path(config["results_dir"])
     try:
+        config = command_config(args.configfile)
+        results = Path(config["results_dir"])
         if problem := unknown_name(args.study, config["studies"], "study"):
             raise TuningError(problem)
         tuned_by = config["studies"][args.study].get("tuned_by") or []
@@ -96,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
             table = horizon_table(stage, read_checked_csv(runs_dir / "runs.csv"),
                                   read_checked_csv(runs_dir / "summary.csv"), args.horizons)
             print(_markdown(stage, table))
-    except TuningError as err:
+    except (ConfigError, TuningError) as err:
         sys.exit(f"{', '.join(args.configfile)}: {err}")
 
 

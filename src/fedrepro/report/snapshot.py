@@ -38,7 +38,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from fedrepro.config import REPO, TUNING_SEPARATOR, merge_configfiles, resolve_config
+from fedrepro.config import REPO, TUNING_SEPARATOR, add_configfile_option, command_config
 from fedrepro.report.integrity import read_checked_csv
 from fedrepro.report.progress import finished_seeds_folder, progress_table
 from fedrepro.report.scorecard import machine_counts, machines_text
@@ -399,8 +399,7 @@ def refresh(config: dict, results: Path, out: Path, studies: list[str], configfi
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configfile", nargs="+", required=True,
-                        help="config files as given to snakemake (config/config.yaml is read first)")
+    add_configfile_option(parser)
     parser.add_argument("--out", required=True, type=Path, help="the snapshot's folder (replaced)")
     parser.add_argument("--wall-time", help='the run\'s measured wall time, e.g. "3 h 40 min" (not with --parts: '
                                             "a stage's train-job hours are recorded instead)")
@@ -415,8 +414,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not args.parts and not (args.wall_time or "").strip():
         parser.error("--wall-time is empty: give the run's measured wall time (WALL_TIME=... with make)")
-    files = [str(REPO / "config" / "config.yaml"), *args.configfile]
-    config = resolve_config(merge_configfiles(*files), source=", ".join(args.configfile))
+    config = command_config(args.configfile)
     results = args.results or Path(config["results_dir"])
     results = results if results.is_absolute() else REPO / results
     if args.parts:
