@@ -178,6 +178,13 @@ def listed_in_indexes(indexes: list[Path] | list[str], key: str) -> list[Path]:
     return paths
 
 
+def job_seconds(index: str | os.PathLike) -> float | None:
+    """The wall seconds a train job took, every attempt of a resumed one summed (its seeds.json's
+    ``job_seconds``, which covers the runs' set-up and evaluations as well as their training); None for an index
+    without it (a job run outside the workflow)."""
+    return read_json(index).get("job_seconds")
+
+
 @contextlib.contextmanager
 def open_npz(path: str | os.PathLike, what: str, checksum: bool = True) -> Iterator[np.lib.npyio.NpzFile]:
     """``with open_npz(path, what) as z``: ``np.load`` of an .npz, verified against its checksum first (unless

@@ -80,24 +80,23 @@ def main(argv: list[str] | None = None) -> None:
         estimated = sum(c["cpu_s"] + c["server_cpu_s"] for job, c in zip(jobs, costs, strict=True) if job in measured)
         spent = sum(measured.values())
         print(f"finished so far: {len(measured)} of the {len(jobs)} jobs, {spent / 3600:.2f} core-hours measured "
-              f"(their runs' own seconds), estimated {estimated / 3600:.2f}")
+              f"(their jobs' wall time), estimated {estimated / 3600:.2f}")
 
 
 def measured_seconds(config: dict, study_name: str, jobs: list[tuple[str, str]]) -> dict[tuple[str, str], float]:
-    """(setting, method) -> the seconds its runs took (each seed's summary.json), for the ``jobs`` that have
-    finished every seed under the config's current spec (fedrepro.report.progress.finished_jobs); a run takes one
-    core (train_resources' threads), so its seconds are core-seconds on an otherwise idle core."""
+    """(setting, method) -> the wall seconds its train job took (io.job_seconds: set-up and evaluations included,
+    every attempt summed; a job runs on one core, train_resources' threads), for the ``jobs`` that have finished
+    every seed under the config's current spec (fedrepro.report.progress.finished_jobs)."""
     from pathlib import Path
 
-    from fedrepro.io import read_json
+    from fedrepro.io import job_seconds
     from fedrepro.report.progress import finished_jobs
 
     results = Path(config["results_dir"])
     studies = {**config["studies"], **config.get("tuning_studies", {})}
-    seeds = studies[study_name]["seeds"]
-    return {(s, m): sum(float(read_json(results / study_name / "runs" / s / m / f"seed{seed}" / "summary.json")
-                              ["seconds"]) for seed in seeds)
-            for s, m in finished_jobs({**config, "studies": studies}, study_name, jobs, results)}
+    done = finished_jobs({**config, "studies": studies}, study_name, jobs, results)
+    timed = {(s, m): job_seconds(results / study_name / "runs" / s / m / "seeds.json") for s, m in done}
+    return {job: seconds for job, seconds in timed.items() if seconds is not None}
 
 
 if __name__ == "__main__":

@@ -85,9 +85,8 @@ def test_a_parts_cost_is_its_jobs_share_of_the_studys_estimate(tmp_path, capsys,
 
 
 def test_a_parts_measured_cost_counts_only_jobs_finished_under_the_current_spec(tmp_path, capsys, monkeypatch):
-    """--cost adds what the finished jobs took: their runs' own seconds, read from each seed's summary.json, for
-    jobs whose every seed left its done-marker under the current spec's digest (a run of an edited spec does not
-    count)."""
+    """--cost adds what the finished jobs took: their wall time (seeds.json's job_seconds), for jobs whose every
+    seed left its done-marker under the current spec's digest (a run of an edited spec does not count)."""
     from fedrepro import cost
     from fedrepro.report.progress import finished_seeds_folder
 
@@ -99,9 +98,8 @@ def test_a_parts_measured_cost_counts_only_jobs_finished_under_the_current_spec(
     results = tmp_path / "results"
     for method, seconds, current in (("fedavg-lr0.1", 5400.0, True), ("fedavg-lr0.001", 999.0, False)):
         runs = results / study / "runs" / "iid" / method
-        (runs / "seed10").mkdir(parents=True)
-        (runs / "seeds.json").write_text("{}")
-        (runs / "seed10" / "summary.json").write_text(f'{{"seconds": {seconds}}}')
+        runs.mkdir(parents=True)
+        (runs / "seeds.json").write_text(f'{{"runs": [], "job_seconds": {seconds}}}')
         folder = finished_seeds_folder({**resolved, "studies": {**resolved["studies"], **resolved["tuning_studies"]}},
                                        results, f"{study}/iid/{method}")
         marker = folder if current else folder.parent / "an-older-spec"

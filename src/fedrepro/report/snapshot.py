@@ -39,6 +39,7 @@ import tempfile
 from pathlib import Path
 
 from fedrepro.config import REPO, TUNING_SEPARATOR, add_configfile_option, command_config
+from fedrepro.io import job_seconds
 from fedrepro.report.integrity import read_checked_csv
 from fedrepro.report.progress import finished_seeds_folder, progress_table
 from fedrepro.report.scorecard import machine_counts, machines_text
@@ -95,13 +96,8 @@ def unrun_specs(config: dict, results: Path) -> list[str]:
 
 def study_seconds(results: Path, study: str) -> tuple[int, float]:
     """(train jobs, their wall seconds summed) of a study, from each job's seeds.json ``job_seconds``."""
-    jobs, seconds = 0, 0.0
-    for index in (results / study / "runs").glob("*/*/seeds.json"):
-        job = json.loads(index.read_text())
-        if "job_seconds" in job:
-            jobs += 1
-            seconds += job["job_seconds"]
-    return jobs, seconds
+    timed = [t for t in map(job_seconds, (results / study / "runs").glob("*/*/seeds.json")) if t is not None]
+    return len(timed), float(sum(timed))
 
 
 def study_provenance(results: Path, study: str, commit: str, wall_time: str) -> dict:
