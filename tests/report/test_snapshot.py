@@ -165,16 +165,42 @@ def test_a_stages_snapshot_of_a_grid_changed_since_is_refused_by_the_check_and_d
     snapshot_parts(tuned_config, tmp_path / "results", out, ["c.yaml"], commit="abc")
     edited = copy.deepcopy(tuned_config)  # the clients' tuning setting changes after the snapshot
     edited["tuning_studies"]["tiny--tune-clients"]["settings"]["iid"]["partition"]["clients"] = 4
-    assert parts_problems(edited, out) == [f"tiny--tune-clients/iid/fedavg-lr{lr}: its spec changed since the "
-                                           "snapshot" for lr in ("0.001", "0.1")]
+    assert parts_problems(edited, out) == [f"tiny--tune-clients/iid/fedavg-lr{lr}: its spec, or a choice it trains "
+                                           "with, changed since the snapshot" for lr in ("0.001", "0.1")]
     (tmp_path / "later/tiny/tuning").mkdir(parents=True)  # the clients' choice, not its runs of the new spec
     shutil.copyfile(tmp_path / "results/tiny/tuning/clients.json", tmp_path / "later/tiny/tuning/clients.json")
-    finish_stage(tmp_path / "later", edited, "prox")
-    snapshot_parts(edited, tmp_path / "later", out, ["c.yaml"], commit="def")
-    assert not (out / "tiny/tuning/clients.md").exists()  # of the old spec, and not run again: dropped
-    assert sorted(json.loads((out / "provenance.json").read_text())["stages"]) == ["tiny--tune-prox"]
-    (out / "tiny/tuning/prox.csv").unlink()
-    assert parts_problems(edited, out) == [f"{out / 'tiny/tuning/prox.csv'}: missing"]
+    finish_stage(tmp_path / "later", edited, "prox")  # prox trained with a choice of the old spec: not finished
+    with pytest.raises(SystemExit, match="no tuning stage .* has finished"):
+        snapshot_parts(edited, tmp_path / "later", out, ["c.yaml"], commit="def")
+    finish_stage(tmp_path / "again", edited, "clients", tag="again")  # the clients' stage run at the new spec
+    snapshot_parts(edited, tmp_path / "again", out, ["c.yaml"], commit="ghi")
+    assert (out / "tiny/tuning/clients.md").read_text() == "clients.md again"  # the old spec's copy replaced
+    assert parts_problems(edited, out) == []
+    (out / "tiny/tuning/clients.csv").unlink()
+    assert parts_problems(edited, out) == [f"{out / 'tiny/tuning/clients.csv'}: missing"]
+
+
+def test_a_stage_run_again_with_another_choice_drops_the_stages_that_trained_with_the_old_one(tmp_path, tuned_config):
+    """The clients' stage, widened after prox's runs trained with its first choice, chooses another point: prox's
+    runs are of the config's spec still, but not of the choice the snapshot now holds, so the check names them
+    and the next call drops prox until it is run again."""
+    results, out = tmp_path / "results", tmp_path / "snap"
+    finish_stage(results, tuned_config, "clients")
+    finish_stage(results, tuned_config, "prox")
+    snapshot_parts(tuned_config, results, out, ["c.yaml"], commit="abc")
+    assert parts_problems(tuned_config, out) == []
+    choice = json.loads((out / "tiny/tuning/clients.json").read_text())
+    choice["chosen"]["fedavg"] |= {"variant": "fedavg-lr0.1", "values": {"training.lr": 0.1}}
+    (out / "tiny/tuning/clients.json").write_text(json.dumps(choice))  # as if copied from the stage run again
+    assert parts_problems(tuned_config, out) == [
+        f"tiny--tune-prox/iid/fedprox-mu{mu}: its spec, or a choice it trains with, changed since the snapshot"
+        for mu in ("0.0", "1.0")]
+    again = tmp_path / "again"  # the clients' stage run again, choosing lr 0.1; prox not yet
+    shutil.copytree(results, again)
+    (again / "tiny/tuning/clients.json").write_text(json.dumps(choice))
+    snapshot_parts(tuned_config, again, out, ["c.yaml"], commit="def")
+    assert sorted(json.loads((out / "provenance.json").read_text())["stages"]) == ["tiny--tune-clients"]
+    assert not (out / "tiny/tuning/prox.json").exists() and parts_problems(tuned_config, out) == []
 
 
 def test_a_parts_snapshot_renders_each_table_from_the_jobs_finished_so_far(tmp_path, tuned_config):
@@ -202,7 +228,8 @@ def test_a_parts_snapshot_renders_each_table_from_the_jobs_finished_so_far(tmp_p
     assert "tiny/iid/fedavg" in json.loads((out / "runs.json").read_text())
     assert parts_problems(tuned_config, out) == []
     tuned_config["studies"]["tiny"]["settings"]["iid"]["partition"]["clients"] = 4  # the study's runs move on
-    assert "tiny/iid/fedavg: its spec changed since the snapshot" in parts_problems(tuned_config, out)
+    assert ("tiny/iid/fedavg: its spec, or a choice it trains with, changed since the snapshot"
+            in parts_problems(tuned_config, out))
 
 
 def test_an_empty_wall_time_is_refused_before_anything_is_read(tmp_path, capsys):

@@ -22,7 +22,7 @@ from fedrepro.report.published import load_published
 from fedrepro.report.table_sources import table_spec
 from fedrepro.report.tables import render_table
 from fedrepro.study import run_spec, spec_digest, table_runs
-from fedrepro.tuning import apply_choices, choice_path, tuned_digest
+from fedrepro.tuning import chosen_digest
 
 
 def finished_seeds_folder(config: dict, results: Path, job: str) -> Path | None:
@@ -32,11 +32,10 @@ def finished_seeds_folder(config: dict, results: Path, job: str) -> Path | None:
     study, setting, method = job.split("/")
     spec = run_spec({**config["studies"], **config.get("tuning_studies", {})}[study], setting, method)
     folder = results / study / "checkpoints" / setting / method / spec_digest(spec)
-    choices = {(t["study"], t["stage"]): choice_path(results, t["study"], t["stage"]) for t in spec.get("tuned", [])}
-    if not all(path.is_file() for path in choices.values()):
+    tuned = chosen_digest(spec, results)
+    if tuned is None:
         return None
-    tuned = tuned_digest(apply_choices(spec, choices))
-    return folder / f"tuned-{tuned}" if tuned else folder
+    return folder if tuned == "untuned" else folder / f"tuned-{tuned}"
 
 
 def finished_jobs(config: dict, study: str, jobs: list[tuple[str, str]], results: Path) -> list[tuple[str, str]]:

@@ -44,6 +44,7 @@ from fedrepro.report.integrity import read_checked_csv
 from fedrepro.report.progress import finished_seeds_folder, progress_table
 from fedrepro.report.scorecard import machine_counts, machines_text
 from fedrepro.study import grid_runs, run_spec, spec_digest
+from fedrepro.tuning import chosen_digest
 
 SCORECARD = Path("scorecard.md")
 MANIFEST = "README.md"
@@ -66,17 +67,27 @@ def snapshot_problems(config: dict, folder: Path) -> list[str]:
     return [f"{folder / f}: missing" for f in snapshot_files(config) if not (folder / f).is_file()]
 
 
-def run_digests(config: dict) -> dict[str, str]:
+def run_digests(config: dict, choices: Path | None = None) -> dict[str, str]:
     """Each train job of ``config`` (study/setting/method) -> the digest of what it computes (its run spec, as
-    its checkpoint folder is named) and its seeds: what moves a table's numbers when the config changes."""
+    its checkpoint folder is named) and its seeds: what moves a table's numbers when the config changes. With
+    ``choices`` (a results root, or a snapshot of parts, holding the tuning stages' choices), a tuned job's digest
+    also names the choices it trains with (tuning.chosen_digest; "missing" while one is not there), so that a
+    changed earlier choice, say the clients' policy, moves every job trained with it."""
     studies = {**config["studies"], **config.get("tuning_studies", {})}  # the tuning stages' runs choose values
-    return {f"{study}/{s}/{m}": f"{spec_digest(run_spec(spec, s, m))} seeds {spec['seeds']}"
-            for study, spec in studies.items() for s, m in grid_runs(spec)}
+    digests = {}
+    for study, spec in studies.items():
+        for s, m in grid_runs(spec):
+            run = run_spec(spec, s, m)
+            digests[f"{study}/{s}/{m}"] = f"{spec_digest(run)} seeds {spec['seeds']}"
+            if choices is not None and run.get("tuned"):
+                digests[f"{study}/{s}/{m}"] += f" tuned {chosen_digest(run, choices) or 'missing'}"
+    return digests
 
 
-def stale_runs(config: dict, snapshot_runs: dict[str, str]) -> list[str]:
-    """The train jobs of ``config`` that the snapshot did not run as configured now, by name."""
-    now = run_digests(config)
+def stale_runs(config: dict, snapshot_runs: dict[str, str], choices: Path | None = None) -> list[str]:
+    """The train jobs of ``config`` that the snapshot did not run as configured now (with ``choices``: with the
+    choices held there), by name."""
+    now = run_digests(config, choices)
     return [f"{job}: {'not in the snapshot' if job not in snapshot_runs else 'its spec changed since the snapshot'}"
             for job, digest in now.items() if snapshot_runs.get(job) != digest]
 
@@ -205,12 +216,20 @@ def stage_config(config: dict, name: str) -> dict:
     return {"studies": {}, "tuning_studies": {name: config["tuning_studies"][name]}}
 
 
-def finished_stages(config: dict, results: Path) -> list[str]:
+def finished_stages(config: dict, results: Path, held: frozenset[str] = frozenset()) -> list[str]:
     """The tuning stages of ``config`` whose choice is written in ``results`` from runs of the config's current
-    specs: a stage whose runs are of another spec, or whose choice is missing, is not finished."""
-    return [name for name in stages_of(config)
-            if all((results / f).is_file() for f in stage_files(name))
-            and not unrun_specs(stage_config(config, name), results)]
+    specs, each with the choices of earlier stages that are finished too, there or in a snapshot that holds the
+    same choice (``held``): a stage whose runs are of another spec, whose choice is missing, or that trained with
+    the choice of a stage not finished (one whose own grid changed since), is not finished."""
+    finished: list[str] = []
+    for name in stages_of(config):
+        study = config["tuning_studies"][name]
+        earlier = {f"{t['study']}{TUNING_SEPARATOR}{t['stage']}" for s, m in grid_runs(study)
+                   for t in run_spec(study, s, m).get("tuned", [])}
+        if (all((results / f).is_file() for f in stage_files(name)) and earlier <= set(finished) | held
+                and not unrun_specs(stage_config(config, name), results)):
+            finished.append(name)
+    return finished
 
 
 def progress_files(study: str, table: str) -> list[Path]:
@@ -225,16 +244,18 @@ def _same_file(a: Path, b: Path) -> bool:
 def parts_problems(config: dict, folder: Path) -> list[str]:
     """What makes a snapshot of parts in ``folder`` not a run of ``config`` as it is: a stage or progress table it
     records (provenance.json) whose files are missing, a stage the config no longer has, or a train job it holds
-    that ran another spec or seeds than configured now."""
+    that ran another spec or seeds than configured now, or trained with other choices than the stages it holds
+    chose (an earlier stage run again with another outcome)."""
     recorded = json.loads((folder / PROVENANCE).read_text())
     problems = [f"{name}: no tuning stage of the config" for name in recorded["stages"]
                 if name not in stages_of(config)]
     files = [f for name in recorded["stages"] for f in stage_files(name)]
     files += [f for name in recorded["progress"] for f in progress_files(*name.split("/"))]
     problems += [f"{folder / f}: missing" for f in files if not (folder / f).is_file()]
-    now = run_digests(config)
+    now = run_digests(config, folder)  # a tuned job: with the choices the snapshot holds
     held = json.loads((folder / RUNS).read_text())
-    problems += [f"{job}: {'no train job of the config' if job not in now else 'its spec changed since the snapshot'}"
+    changed = "its spec, or a choice it trains with, changed since the snapshot"
+    problems += [f"{job}: {'no train job of the config' if job not in now else changed}"
                  for job, digest in held.items() if now.get(job) != digest]
     problems += [f"{job}: a job of stage {name.split(TUNING_SEPARATOR)[1]} missing from runs.json"
                  for name in recorded["stages"] if name in stages_of(config)
@@ -280,36 +301,42 @@ def snapshot_parts(config: dict, results: Path, out: Path, configfiles: list[str
     snapshot (a scorecard), which has all of it."""
     if (out / SCORECARD).exists():
         raise SystemExit(f"{out} holds a complete run's snapshot, every stage and table included: nothing copied")
-    done = finished_stages(config, results)
-    if not done:
-        raise SystemExit(f"no tuning stage of {' '.join(configfiles)} has finished in {results}: nothing copied")
     provenance = json.loads((out / PROVENANCE).read_text()) if (out / PROVENANCE).is_file() else {"stages": {}}
     held = json.loads((out / RUNS).read_text()) if (out / RUNS).is_file() else {}
-    kept = [name for name in stages_of(config) if name not in done and name in provenance["stages"]
-            and all((out / f).is_file() for f in stage_files(name))
-            and not stale_runs(stage_config(config, name), held)]
-    keep = {MANIFEST, RUNS, PROVENANCE} | {f.as_posix() for name in kept
-                                           for f in stage_files(name)}
-    # a finished stage the snapshot holds already, of the same specs and the same choice, is the same run: it keeps
+    # a stage whose runs trained with a choice the snapshot holds, of the same specs, finished with it
+    same_choice = frozenset(name for name in provenance["stages"] if name in stages_of(config)
+                            and all((out / f).is_file() for f in stage_files(name))
+                            and _same_file(out / stage_files(name)[-1], results / stage_files(name)[-1])
+                            and not stale_runs(stage_config(config, name), held, out))
+    done = finished_stages(config, results, same_choice)
+    if not done:
+        raise SystemExit(f"no tuning stage of {' '.join(configfiles)} has finished in {results}: nothing copied")
+    # a finished stage the snapshot holds already, of the same specs, choices and outcome, is the same run: it keeps
     # the commit it came from
-    same = [name for name in done if name in provenance["stages"] and not stale_runs(stage_config(config, name), held)
+    same = [name for name in done if name in provenance["stages"]
+            and not stale_runs(stage_config(config, name), held, results)
             and _same_file(out / stage_files(name)[-1], results / stage_files(name)[-1])]
-    for old in [f for f in out.rglob("*") if f.is_file()] if out.exists() else []:
-        if old.relative_to(out).as_posix() not in keep:  # a stage of older specs, an older progress table, go
-            old.unlink()
-    commit = commit or git_commit()
-    stages = {name: provenance["stages"][name] for name in kept + same}
-    digests = {job: d for name in kept for job, d in run_digests(stage_config(config, name)).items()}
     written = []
-    for name in done:
+    for name in done:  # first: the stages kept from earlier calls must have trained with these choices
         for f in stage_files(name):
             (out / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(results / f, out / f)
             written.append(out / f)
+    kept = [name for name in stages_of(config) if name not in done and name in provenance["stages"]
+            and all((out / f).is_file() for f in stage_files(name))
+            and not stale_runs(stage_config(config, name), held, out)]
+    keep = {MANIFEST, RUNS, PROVENANCE} | {f.as_posix() for name in kept + done for f in stage_files(name)}
+    for old in [f for f in out.rglob("*") if f.is_file()]:
+        if old.relative_to(out).as_posix() not in keep:  # a stage of older specs or choices, an older progress table
+            old.unlink()
+    commit = commit or git_commit()
+    stages = {name: provenance["stages"][name] for name in kept + same}
+    digests = {job: d for name in kept for job, d in run_digests(stage_config(config, name), out).items()}
+    for name in done:
         stages.setdefault(name, study_provenance(results, name, commit, ""))
-        digests |= run_digests(stage_config(config, name))
+        digests |= run_digests(stage_config(config, name), results)
     progress = {}
-    now = run_digests(config)
+    now = run_digests(config, results)
     for study in (s for s, spec in config["studies"].items() if spec.get("tuned_by")):
         for table in config["studies"][study]["tables"]:
             with tempfile.TemporaryDirectory() as tmp:
