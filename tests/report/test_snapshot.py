@@ -46,6 +46,8 @@ def fake_run(root: Path, config: dict, tag: str = "", seconds: float = 900.0, cp
         (root / study).mkdir(parents=True, exist_ok=True)
         write_checked_csv(pd.DataFrame(rows), root / study / "summary.csv")
     for f in snapshot_files(config):
+        if f.suffix == ".json" and (root / f).is_file():
+            continue  # a tuning stage's choice, written by finish_stage: the runs trained with it
         (root / f).parent.mkdir(parents=True, exist_ok=True)
         (root / f).write_text(f"content of {f} {tag}")
     n = len(config["studies"])
@@ -80,7 +82,7 @@ def test_a_complete_run_is_copied_with_where_it_came_from(tmp_path, config):
     assert "Some CPU (AVX2): 6 runs" in readme  # 2 jobs x 3 seeds
     assert "| feddisco | 2 | 0.50 |" in readme and "| all | | 0.50 |" in readme  # 2 x 900 s
     assert "(feddisco/tables/table1.md)" in readme and "(feddisco/figures/curves.png)" in readme
-    assert stale_runs(config, json.loads((out / "runs.json").read_text())) == []
+    assert stale_runs(config, json.loads((out / "runs.json").read_text()), out) == []
 
 
 def test_a_run_missing_a_figure_or_of_another_spec_is_refused_by_name_and_nothing_is_copied(tmp_path, config):
@@ -232,6 +234,25 @@ def test_a_parts_snapshot_renders_each_table_from_the_jobs_finished_so_far(tmp_p
             in parts_problems(tuned_config, out))
 
 
+def test_a_complete_snapshot_of_a_tuned_study_holds_its_choices_and_the_runs_trained_with_them(tmp_path, tuned_config):
+    """A complete run of a study with tuning stages: the snapshot copies each stage's table and choice, and holds each
+    tuned job with the choices it trained with, so a choice changed since is named by the check."""
+    results, out = tmp_path / "results", tmp_path / "snap"
+    finish_stage(results, tuned_config, "clients")
+    finish_stage(results, tuned_config, "prox")
+    fake_run(results, {**tuned_config, "tuning_studies": {}})
+    snapshot(tuned_config, results, out, ["c.yaml"], "1 h", commit="abc")
+    assert json.loads((out / "tiny/tuning/clients.json").read_text()) == json.loads(
+        (results / "tiny/tuning/clients.json").read_text())
+    held = json.loads((out / "runs.json").read_text())
+    assert " tuned " in held["tiny/iid/fedprox"] and stale_runs(tuned_config, held, out) == []
+    choice = json.loads((out / "tiny/tuning/prox.json").read_text())
+    choice["chosen"]["fedprox"] |= {"variant": "fedprox-mu1.0", "values": {"hparams.mu": 1.0}}
+    (out / "tiny/tuning/prox.json").write_text(json.dumps(choice))
+    assert stale_runs(tuned_config, held, out) == [f"tiny/{s}/fedprox: its spec changed since the snapshot"
+                                                   for s in tuned_config["studies"]["tiny"]["settings"]]
+
+
 def test_an_empty_wall_time_is_refused_before_anything_is_read(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--configfile", "config/laptop-full.yaml", "--out", str(tmp_path / "snap"), "--wall-time", " "])
@@ -247,7 +268,7 @@ def test_the_committed_snapshot_is_a_run_of_the_config_as_it_is(name):
     config = resolve_config(merge_configfiles("config/config.yaml", f"config/{name}.yaml", root=REPO))
     snap = REPO / "docs/results" / name
     assert snapshot_problems(config, snap) == []
-    assert stale_runs(config, json.loads((snap / "runs.json").read_text())) == []
+    assert stale_runs(config, json.loads((snap / "runs.json").read_text()), snap) == []
     provenance = json.loads((snap / "provenance.json").read_text())
     assert sorted(provenance) == sorted(config["studies"])
 
@@ -304,7 +325,7 @@ def test_a_refresh_replaces_one_studys_files_and_keeps_every_other_studys_run(tm
     assert "- fedl2g, fedgtst, feddle, feddle-fmnist: commit `old`\n  - wall time: 4 h" in readme
     jobs = len(run_digests(only))
     assert f"| feddisco | {jobs} | {jobs * 0.5:.2f} |" in readme and "Other CPU (AVX2): 123 runs" in readme
-    assert stale_runs(config, json.loads((out / "runs.json").read_text())) == []
+    assert stale_runs(config, json.loads((out / "runs.json").read_text()), out) == []
 
 
 def test_a_refresh_from_an_incomplete_run_changes_nothing_and_names_what_is_missing(tmp_path):

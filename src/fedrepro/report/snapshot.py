@@ -58,7 +58,8 @@ def snapshot_files(config: dict) -> list[Path]:
     for study, spec in config["studies"].items():
         files += [Path(study, "tables", f"{t}.md") for t in spec["tables"]]
         files += [Path(study, "figures", f"{f}.png") for f in spec["figures"]]
-        files += [Path(study, "tuning", f"{t['stage']}.md") for t in spec.get("tuned_by", [])]  # every point's score
+        for t in spec.get("tuned_by", []):  # every point's score, and the choice the runs trained with
+            files += [Path(study, "tuning", f"{t['stage']}.md"), Path(study, "tuning", f"{t['stage']}.json")]
     return files
 
 
@@ -195,7 +196,7 @@ def snapshot(config: dict, results: Path, out: Path, configfiles: list[str], wal
         written.append(out / f)
     commit = commit or git_commit()
     provenance = {study: study_provenance(results, study, commit, wall_time) for study in config["studies"]}
-    return written + _write_index(config, out, configfiles, provenance, run_digests(config))
+    return written + _write_index(config, out, configfiles, provenance, run_digests(config, results))
 
 
 def stage_files(name: str) -> list[Path]:
@@ -410,7 +411,7 @@ def refresh(config: dict, results: Path, out: Path, studies: list[str], configfi
         shutil.rmtree(out / study)  # nothing of the study's older run stays beside the new one
         digests = {job: d for job, d in digests.items() if not job.startswith(f"{study}/")}
         provenance[study] = study_provenance(results, study, commit, wall_time)
-    digests |= run_digests(only)
+    digests |= run_digests(only, results)
     for f in snapshot_files(only):
         if f != SCORECARD:  # spliced above
             (out / f).parent.mkdir(parents=True, exist_ok=True)
