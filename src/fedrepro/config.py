@@ -237,6 +237,11 @@ def _resolved_study(name: str, study: dict, where: str, prefix: str, scale: str,
 TUNING_SEPARATOR = "--tune-"  # <study>--tune-<stage>: a tuning stage's runs, a study of their own
 
 
+def run_studies(config: dict) -> dict[str, dict]:
+    """Every study of a resolved ``config`` that has train jobs: its own studies and its tuning stages' runs."""
+    return {**config["studies"], **config.get("tuning_studies", {})}
+
+
 def tuning_stage_studies(name: str, study: dict) -> tuple[dict[str, tuple[dict, list[dict]]], list[dict]]:
     """The runs of each stage of ``study``'s `tuning`, as a study of their own named <study>--tune-<stage>: the
     stage's grids as its methods' sweeps, on the tuning settings and seeds, without tables or figures, each with

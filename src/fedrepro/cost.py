@@ -32,7 +32,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fedrepro.asyncfl.base import ServerPass, ServerWork
 from fedrepro.asyncfl.methods import build_method
-from fedrepro.config import REPO, load_yaml, resolve_config
+from fedrepro.config import REPO, load_yaml, resolve_config, run_studies
 from fedrepro.data.registry import SHAPES as DATASETS
 from fedrepro.data.registry import TEST_SIZES
 from fedrepro.models import TEXT_MODELS, build_model
@@ -200,7 +200,7 @@ def job_cost(spec: dict, seeds: int, flops_of: FlopsCache, gpu_tflops: float, st
 def estimate(config: dict, gpu_tflops: float, step_floor_ms: float, cpu_spf: float) -> list[dict]:
     rows = []
     flops_of = FlopsCache()
-    for name, study in {**config["studies"], **config.get("tuning_studies", {})}.items():  # tuning runs cost too
+    for name, study in run_studies(config).items():  # tuning runs cost too
         jobs = grid_runs(study)
         total = dict.fromkeys(("steps", "gpu_s", "cpu_s", "server_steps", "server_gpu_s", "server_cpu_s"), 0.0)
         server_by_method: dict[str, float] = {}

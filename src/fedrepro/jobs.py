@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fedrepro.config import add_configfile_option, command_config
+from fedrepro.config import add_configfile_option, command_config, run_studies
 from fedrepro.study import ConfigError, grid_runs, run_spec, sweep_base, table_runs, unknown_name
 
 
@@ -26,7 +26,7 @@ def part_jobs(config: dict, study_name: str, methods: list[str] | None = None,
     """(setting, method) of ``study_name``'s train jobs (a study or a tuning stage's) in ``methods`` (their
     grid points included) and ``settings``, and behind ``table``'s cells; ConfigError naming any study, method,
     setting or table that is not there."""
-    studies = {**config["studies"], **config.get("tuning_studies", {})}
+    studies = run_studies(config)
     if problem := unknown_name(study_name, studies, "study"):
         raise ConfigError(f"--study: {problem}")
     study = studies[study_name]
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     # imported here: fedrepro.cost loads torch, which listing the targets does not need
     from fedrepro.cost import GPU_TFLOPS, STEP_FLOOR_MS, FlopsCache, cpu_seconds_per_flop, job_cost
 
-    study = {**config["studies"], **config.get("tuning_studies", {})}[args.study]
+    study = run_studies(config)[args.study]
     cpu_spf, flops_of = cpu_seconds_per_flop(), FlopsCache()
     costs = [job_cost(run_spec(study, s, m), len(study["seeds"]), flops_of, GPU_TFLOPS, STEP_FLOOR_MS,
                       cpu_spf) for s, m in jobs]
@@ -93,8 +93,7 @@ def measured_seconds(config: dict, study_name: str, jobs: list[tuple[str, str]])
     from fedrepro.report.progress import finished_jobs
 
     results = Path(config["results_dir"])
-    studies = {**config["studies"], **config.get("tuning_studies", {})}
-    done = finished_jobs({**config, "studies": studies}, study_name, jobs, results)
+    done = finished_jobs(config, study_name, jobs, results)
     timed = {(s, m): job_seconds(results / study_name / "runs" / s / m / "seeds.json") for s, m in done}
     return {job: seconds for job, seconds in timed.items() if seconds is not None}
 

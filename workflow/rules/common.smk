@@ -9,7 +9,7 @@ from snakemake.exceptions import WorkflowError
 SRC = str(Path(workflow.basedir) / "src")
 sys.path.insert(0, SRC)
 
-from fedrepro.config import TUNING_SEPARATOR, resolve_config  # noqa: E402
+from fedrepro.config import TUNING_SEPARATOR, resolve_config, run_studies  # noqa: E402
 from fedrepro.plugins import did_you_mean  # noqa: E402
 from fedrepro.study import (  # noqa: E402
     NAME_PATTERNS,
@@ -40,7 +40,7 @@ RES = CFG["results_dir"]
 STUDIES = CFG["studies"]
 # the studies whose runs train: the config's, and each tuning stage's grid as a study of its own (<study>--tune-<stage>,
 # fedrepro.config.tuning_stage_studies); only the config's have tables, figures and a scorecard section
-RUN_STUDIES = {**STUDIES, **CFG["tuning_studies"]}
+RUN_STUDIES = run_studies(CFG)
 
 
 def named(what, name, entries, where=""):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedrepro.config import REPO
+from fedrepro.config import REPO, run_studies
 from fedrepro.io import listed_in_indexes
 from fedrepro.report.collect import collect_runs
 from fedrepro.report.convergence import add_plateau_changes
@@ -30,7 +30,7 @@ def finished_seeds_folder(config: dict, results: Path, job: str) -> Path | None:
     ``results``, as the train job names it (fedrepro.pipeline.train): the checkpoint folder of its spec's digest
     and, for a tuned run, within it the folder of the choices its stages wrote; None while a choice is missing."""
     study, setting, method = job.split("/")
-    spec = run_spec({**config["studies"], **config.get("tuning_studies", {})}[study], setting, method)
+    spec = run_spec(run_studies(config)[study], setting, method)
     folder = results / study / "checkpoints" / setting / method / spec_digest(spec)
     tuned = chosen_digest(spec, results)
     if tuned is None:
@@ -41,7 +41,7 @@ def finished_seeds_folder(config: dict, results: Path, job: str) -> Path | None:
 def finished_jobs(config: dict, study: str, jobs: list[tuple[str, str]], results: Path) -> list[tuple[str, str]]:
     """The (setting, method) of ``jobs`` whose every seed of ``study`` has finished under the config's current
     spec: its done-marker where a run of that spec leaves it (finished_seeds_folder) and its train job's index."""
-    done, seeds = [], config["studies"][study]["seeds"]
+    done, seeds = [], run_studies(config)[study]["seeds"]
     for setting, method in jobs:
         folder = finished_seeds_folder(config, results, f"{study}/{setting}/{method}")
         index = results / study / "runs" / setting / method / "seeds.json"

@@ -38,7 +38,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from fedrepro.config import REPO, TUNING_SEPARATOR, add_configfile_option, command_config
+from fedrepro.config import REPO, TUNING_SEPARATOR, add_configfile_option, command_config, run_studies
 from fedrepro.io import job_seconds
 from fedrepro.report.integrity import read_checked_csv
 from fedrepro.report.progress import finished_seeds_folder, progress_table
@@ -74,7 +74,7 @@ def run_digests(config: dict, choices: Path | None = None) -> dict[str, str]:
     ``choices`` (a results root, or a snapshot of parts, holding the tuning stages' choices), a tuned job's digest
     also names the choices it trains with (tuning.chosen_digest; "missing" while one is not there), so that a
     changed earlier choice, say the clients' policy, moves every job trained with it."""
-    studies = {**config["studies"], **config.get("tuning_studies", {})}  # the tuning stages' runs choose values
+    studies = run_studies(config)  # the tuning stages' runs choose values
     digests = {}
     for study, spec in studies.items():
         for s, m in grid_runs(spec):
