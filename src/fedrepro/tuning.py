@@ -95,6 +95,26 @@ def choose(stage: dict, scores: pd.DataFrame) -> dict[str, Any]:
     return chosen
 
 
+def grid_edges(stage: dict, method: str, values: dict[str, Any]) -> dict[str, str]:
+    """Each key whose chosen value in ``values`` is the smallest or largest of the numbers ``method``'s grid in
+    ``stage`` gives it ("smallest" / "largest"): a point beyond it was never tried, so it may score higher. Keys
+    with one value or non-numeric values are left out."""
+    grid: dict[str, set] = {}
+    for point in stage["variants"].values():
+        if point["method"] == method:
+            for key, value in point["values"].items():
+                grid.setdefault(key, set()).add(value)
+    edges = {}
+    for key, tried in grid.items():
+        if len(tried) < 2 or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in tried):
+            continue
+        if values[key] == min(tried):
+            edges[key] = "smallest"
+        elif values[key] == max(tried):
+            edges[key] = "largest"
+    return edges
+
+
 def write_choice(stage: dict, runs: pd.DataFrame, summary: pd.DataFrame, out_json: Path, out_csv: Path,
                  out_md: Path) -> dict[str, Any]:
     """Score and choose (point_scores, choose); write the choice (JSON: what runs read), every point's score
@@ -134,6 +154,11 @@ def _markdown(stage: dict, scores: pd.DataFrame, chosen: dict[str, Any]) -> str:
                 cells = [f"**{c}**" for c in cells]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+        edges = grid_edges(stage, method, chosen[method]["values"])
+        if edges:
+            lines += ["The chosen point lies on its grid's edge (" + "; ".join(
+                f"{key}: the {side} tried" for key, side in edges.items()) + "): a point beyond it was not tried and "
+                "may score higher (docs/tuning.md, widening a grid).", ""]
     return "\n".join(lines)
 
 

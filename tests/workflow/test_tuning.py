@@ -19,7 +19,7 @@ from support.common import REPO
 
 from fedrepro.config import resolve_config
 from fedrepro.study import ConfigError, run_spec
-from fedrepro.tuning import TuningError, apply_choices, choose, point_scores, tuned_digest, write_choice
+from fedrepro.tuning import TuningError, apply_choices, choose, grid_edges, point_scores, tuned_digest, write_choice
 
 STUDY = REPO / "tests" / "data" / "tuning_study.yaml"
 
@@ -163,6 +163,28 @@ def test_a_point_missing_a_run_is_refused_by_name():
         point_scores(STAGE, runs[keep.to_numpy()], summary[keep])
 
 
+def test_a_choice_on_its_grids_edge_is_said_so_in_the_table_and_one_inside_it_is_not(tmp_path):
+    two_keys = {"study": "s", "stage": "clients", "applies_to": "all", "metric": "best_acc", "settings": ["a", "b"],
+                "seeds": [7, 8],
+                "variants": {f"m-lr{lr}-e{e}": {"method": "m", "values": {"training.lr": lr, "training.epochs": e}}
+                             for lr in (0.1, 0.3, 1.0) for e in (1, 2, 5)}}
+    assert grid_edges(two_keys, "m", {"training.lr": 1.0, "training.epochs": 2}) == {"training.lr": "largest"}
+    assert grid_edges(two_keys, "m", {"training.lr": 0.3, "training.epochs": 1}) == {"training.epochs": "smallest"}
+    assert grid_edges(two_keys, "m", {"training.lr": 0.3, "training.epochs": 2}) == {}
+    # one value, or words, have no edge to widen
+    assert grid_edges(STAGE, "n", {"hparams.y": 1}) == {}
+    words = {**STAGE, "variants": {"m-a": {"method": "m", "values": {"hparams.form": "mix"}},
+                                   "m-b": {"method": "m", "values": {"hparams.form": "update"}}}}
+    assert grid_edges(words, "m", {"hparams.form": "mix"}) == {}
+
+    runs, summary = frames({"m-x1": [60] * 4, "m-x2": [70] * 4, "m-x3": [75] * 4, "n-y1": [50] * 4})
+    write_choice(STAGE, runs, summary, tmp_path / "c.json", tmp_path / "c.csv", tmp_path / "edge.md")
+    assert "grid's edge (hparams.x: the largest tried)" in (tmp_path / "edge.md").read_text()
+    runs, summary = frames({"m-x1": [60] * 4, "m-x2": [70] * 4, "m-x3": [65] * 4, "n-y1": [50] * 4})
+    write_choice(STAGE, runs, summary, tmp_path / "c.json", tmp_path / "c.csv", tmp_path / "inside.md")
+    assert "edge" not in (tmp_path / "inside.md").read_text()
+
+
 def test_the_choice_reaches_a_run_spec_and_its_fingerprint(tmp_path):
     runs, summary = frames({"m-x1": [60] * 4, "m-x2": [70] * 4, "m-x3": [65] * 4, "n-y1": [50] * 4})
     out = tmp_path / "server.json"
@@ -244,7 +266,7 @@ def test_feddles_table5_study_tunes_every_method_by_app_d_and_then_runs_all_four
     stages = {name.split("--tune-")[1]: s for name, s in config["tuning_studies"].items()
               if name.startswith("feddle-table5--tune-")}
     assert set(study["tuning"]["seeds"]).isdisjoint(study["seeds"])
-    assert len(stages.pop("clients")["methods"]) == 6  # 3 lrs x 2 epochs
+    assert len(stages.pop("clients")["methods"]) == 16  # 4 lrs x 4 epochs
     # each method's App. D grid is a stage of its own, so its choice waits on no other method's grid (FedAsync's
     # other reading, the update applied, has the same grid)
     assert len(stages) == 10 and all(len(s["sweeps"]) == 1 and len(s["methods"]) == 9 for s in stages.values())
