@@ -16,6 +16,8 @@ training) are counted apart, in every round, from the study's server-set sizes (
 out-of-domain ``ood_samples`` or the whole OOD set): their FLOPs per sample (forward, or forward and backward)
 at the same throughput and floor per batch, shown as client-step equivalents and server hours.
 Evaluation, data loading and start-up are not counted (a few % for the papers' budgets).
+A tuned run is costed with the choices its tuning stages wrote under the results root (its local epochs may be
+chosen); a run whose stage has not chosen yet, with its study file's values, and the count of those is printed.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from fedrepro.models import TEXT_MODELS, build_model
 from fedrepro.sim.batches import batches_per_epoch
 from fedrepro.sim.tensors import inference_batch
 from fedrepro.study import grid_runs, run_spec
+from fedrepro.tuning import written_choices_applied
 
 GPU_INFERENCE_BATCH = inference_batch(torch.device("cuda"))  # the forward-only passes' batch on a GPU
 SHOWN_METHODS = 6  # per study, the methods with the most server GPU-hours are printed
@@ -197,6 +200,16 @@ def job_cost(spec: dict, seeds: int, flops_of: FlopsCache, gpu_tflops: float, st
     return cost
 
 
+def costed_spec(config: dict, study: dict, setting: str, method: str) -> tuple[dict, bool]:
+    """(the spec a train job trains with, whether it is known): its tuning stages' choices applied where they are
+    written under the config's results root; where one is not yet, the spec as its study file gives it and False."""
+    spec = run_spec(study, setting, method)
+    if not spec.get("tuned"):
+        return spec, True
+    applied = written_choices_applied(spec, config["results_dir"])
+    return (spec, False) if applied is None else (applied, True)
+
+
 def estimate(config: dict, gpu_tflops: float, step_floor_ms: float, cpu_spf: float) -> list[dict]:
     rows = []
     flops_of = FlopsCache()
@@ -204,16 +217,19 @@ def estimate(config: dict, gpu_tflops: float, step_floor_ms: float, cpu_spf: flo
         jobs = grid_runs(study)
         total = dict.fromkeys(("steps", "gpu_s", "cpu_s", "server_steps", "server_gpu_s", "server_cpu_s"), 0.0)
         server_by_method: dict[str, float] = {}
+        unchosen = 0
         for setting, method in jobs:
-            cost = job_cost(run_spec(study, setting, method), len(study["seeds"]), flops_of, gpu_tflops,
-                            step_floor_ms, cpu_spf)
+            spec, chosen = costed_spec(config, study, setting, method)
+            unchosen += not chosen
+            cost = job_cost(spec, len(study["seeds"]), flops_of, gpu_tflops, step_floor_ms, cpu_spf)
             total = {k: v + cost[k] for k, v in total.items()}
             if cost["server_gpu_s"]:
                 server_by_method[method] = server_by_method.get(method, 0.0) + cost["server_gpu_s"] / 3600
         rows.append({"study": name, "jobs": len(jobs), "runs": len(jobs) * len(study["seeds"]),
                      "steps": total["steps"], "gpu_hours": total["gpu_s"] / 3600, "cpu_hours": total["cpu_s"] / 3600,
                      "server_steps": total["server_steps"], "server_gpu_hours": total["server_gpu_s"] / 3600,
-                     "server_cpu_hours": total["server_cpu_s"] / 3600, "server_gpu_hours_by_method": server_by_method})
+                     "server_cpu_hours": total["server_cpu_s"] / 3600, "server_gpu_hours_by_method": server_by_method,
+                     "unchosen_jobs": unchosen})
     return rows
 
 
@@ -244,6 +260,9 @@ def main() -> None:
             print(f"{r['study']} server GPU-hours by method: "
                   + ", ".join(f"{m} {h:.1f}" for m, h in by_method[:SHOWN_METHODS])
                   + (f", {len(by_method) - SHOWN_METHODS} more" if len(by_method) > SHOWN_METHODS else ""))
+        if r["unchosen_jobs"]:
+            print(f"{r['study']}: {r['unchosen_jobs']} of its jobs train with tuning choices not made yet, costed "
+                  "with the values its study file gives")
 
 
 if __name__ == "__main__":

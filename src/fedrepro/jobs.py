@@ -18,7 +18,7 @@ import argparse
 import sys
 
 from fedrepro.config import add_configfile_option, command_config, run_studies
-from fedrepro.study import ConfigError, grid_runs, run_spec, sweep_base, table_runs, unknown_name
+from fedrepro.study import ConfigError, grid_runs, sweep_base, table_runs, unknown_name
 
 
 def part_jobs(config: dict, study_name: str, methods: list[str] | None = None,
@@ -67,15 +67,18 @@ def main(argv: list[str] | None = None) -> None:
         print("\n".join(job_outputs(config, args.study, jobs)))
         return
     # imported here: fedrepro.cost loads torch, which listing the targets does not need
-    from fedrepro.cost import GPU_TFLOPS, STEP_FLOOR_MS, FlopsCache, cpu_seconds_per_flop, job_cost
+    from fedrepro.cost import GPU_TFLOPS, STEP_FLOOR_MS, FlopsCache, costed_spec, cpu_seconds_per_flop, job_cost
 
     study = run_studies(config)[args.study]
     cpu_spf, flops_of = cpu_seconds_per_flop(), FlopsCache()
-    costs = [job_cost(run_spec(study, s, m), len(study["seeds"]), flops_of, GPU_TFLOPS, STEP_FLOOR_MS,
-                      cpu_spf) for s, m in jobs]
+    specs = [costed_spec(config, study, s, m) for s, m in jobs]
+    costs = [job_cost(spec, len(study["seeds"]), flops_of, GPU_TFLOPS, STEP_FLOOR_MS, cpu_spf) for spec, _ in specs]
     hours = sum(c["cpu_s"] + c["server_cpu_s"] for c in costs) / 3600
     print(f"{args.study}: {len(jobs)} train jobs, {len(jobs) * len(study['seeds'])} runs, ~{hours:.1f} CPU "
           f"core-hours (clients and server; {1 / cpu_spf / 1e9:.1f} GFLOP/s a core measured here)")
+    if unchosen := sum(not chosen for _, chosen in specs):
+        print(f"{unchosen} of them train with tuning choices not made yet: costed with the values the study file "
+              "gives")
     if measured := measured_seconds(config, args.study, jobs):
         estimated = sum(c["cpu_s"] + c["server_cpu_s"] for job, c in zip(jobs, costs, strict=True) if job in measured)
         spent = sum(measured.values())

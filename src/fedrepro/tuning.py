@@ -203,13 +203,22 @@ def tuned_digest(spec: dict) -> str | None:
     return hashlib.sha256(json.dumps(spec["tuned"], sort_keys=True).encode()).hexdigest()[:12]
 
 
-def chosen_digest(spec: dict, root: str | Path) -> str | None:
-    """tuned_digest of ``spec`` with the choices its ``tuned`` stages wrote under ``root`` (a results root, or a
-    snapshot of one: <study>/tuning/<stage>.json) applied; None while one of them is not there, "untuned" for a
-    spec no stage tunes."""
+def written_choices_applied(spec: dict, root: str | Path) -> dict | None:
+    """``spec`` with the choices its ``tuned`` stages wrote under ``root`` (a results root, or a snapshot of one:
+    <study>/tuning/<stage>.json) applied, as its train job applies them; None while one of them is not there.
+    A spec no stage tunes is returned as it is."""
     if not spec.get("tuned"):
-        return "untuned"
+        return spec
     choices = {(t["study"], t["stage"]): choice_path(root, t["study"], t["stage"]) for t in spec["tuned"]}
     if not all(path.is_file() for path in choices.values()):
         return None
-    return tuned_digest(apply_choices(spec, choices))
+    return apply_choices(spec, choices)
+
+
+def chosen_digest(spec: dict, root: str | Path) -> str | None:
+    """tuned_digest of ``spec`` with the choices its ``tuned`` stages wrote under ``root`` applied; None while one
+    of them is not there, "untuned" for a spec no stage tunes."""
+    if not spec.get("tuned"):
+        return "untuned"
+    applied = written_choices_applied(spec, root)
+    return None if applied is None else tuned_digest(applied)

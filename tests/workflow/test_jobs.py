@@ -84,6 +84,33 @@ def test_a_parts_cost_is_its_jobs_share_of_the_studys_estimate(tmp_path, capsys,
     assert hours > 1 and printed.startswith(f"tiny--tune-clients: 2 train jobs, 2 runs, ~{hours:.1f} CPU core-hours")
 
 
+def test_a_tuned_jobs_cost_counts_the_choices_its_stages_wrote(tmp_path, capsys, monkeypatch):
+    """A job trains with its earlier stages' choices, so it is costed with them once they are written (here the
+    clients' stage chose 3 local epochs: the prox stage's client steps triple); before, with the study file's
+    values, and --cost says how many jobs that was."""
+    from fedrepro import cost
+
+    monkeypatch.setattr(cost, "cpu_seconds_per_flop", lambda: 1e-4)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"studies": {"tiny": str(STUDY)}}))
+
+    def prox_stage() -> tuple[dict, list[str]]:
+        main(["--configfile", str(tmp_path / "config.yaml"), "--study", "tiny--tune-prox", "--cost"])
+        row = next(r for r in cost.estimate(resolve_config({"studies": {"tiny": str(STUDY)}}), cost.GPU_TFLOPS,
+                                            cost.STEP_FLOOR_MS, 1e-4) if r["study"] == "tiny--tune-prox")
+        return row, capsys.readouterr().out.strip().splitlines()[1:]
+
+    before, notes = prox_stage()
+    assert before["unchosen_jobs"] == 2
+    assert notes == ["2 of them train with tuning choices not made yet: costed with the values the study file gives"]
+    choice = tmp_path / "results" / "tiny" / "tuning" / "clients.json"
+    choice.parent.mkdir(parents=True)
+    choice.write_text('{"chosen": {"fedavg": {"values": {"training.local_epochs": 3, "training.lr": 0.1}}}}')
+    after, notes = prox_stage()
+    assert after["unchosen_jobs"] == 0 and notes == []
+    assert after["steps"] == 3 * before["steps"] > 0
+
+
 def test_a_parts_measured_cost_counts_only_jobs_finished_under_the_current_spec(tmp_path, capsys, monkeypatch):
     """--cost adds what the finished jobs took: their wall time (seeds.json's job_seconds), for jobs whose every
     seed left its done-marker under the current spec's digest (a run of an edited spec does not count)."""
