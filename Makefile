@@ -67,7 +67,7 @@ laptop-feddle-600: $(VENV)/.installed fashion-mnist
 	$(BIN)/snakemake --cores $(CORES) --configfile config/laptop-feddle-600.yaml
 
 # Feddle's Table 5 on Fashion-MNIST, four columns, at the paper's tuning protocol, with Tables 3 and 6 and Figs. 2, 6
-# and 7 on the same data (not in laptop-full; ~60 core-hours estimated by fedrepro.cost), in parts of at most a few
+# and 7 on the same data (not in laptop-full; ~93 core-hours estimated by fedrepro.cost), in parts of at most a few
 # hours on 2 cores that each resume where they stopped (docs/measurements/laptop-feddle-table5.md): each tuning stage
 # (laptop-feddle-table5-tune-<stage>: clients first, then server_<method>, one per method's grid, each writing its
 # table and choice); Table 5's D(0.1) and D(0.3) columns (METHODS="..." narrows them to methods already tuned,
