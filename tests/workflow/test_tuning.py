@@ -18,7 +18,7 @@ import yaml
 from support.common import REPO
 
 from fedrepro.config import resolve_config
-from fedrepro.study import ConfigError, run_spec
+from fedrepro.study import ConfigError, grid_runs, run_spec
 from fedrepro.tuning import TuningError, apply_choices, choose, grid_edges, point_scores, tuned_digest, write_choice
 
 STUDY = REPO / "tests" / "data" / "tuning_study.yaml"
@@ -285,6 +285,30 @@ def test_feddles_table5_study_tunes_every_method_by_app_d_and_then_runs_all_four
                                  {"study": "feddle-table5", "stage": stage, "method": tuned_like}], row
         assert not spec["hparams"].keys() & {"lr", "epochs"}, row
     assert {"table3", "table6"} <= set(study["tables"]) and {"fig2", "fig7"} <= set(study["figures"])
+
+
+def test_fedl2gs_own_search_of_its_server_lr_runs_at_paper_scale_and_every_fedl2g_run_takes_its_choice():
+    """config/paper-tuned.yaml: FedL2G's eta_s searched over the paper's nine values on Cifar100 Dirichlet HtFE8
+    (Sec. 5), on a seed no table reports, each method choosing its own; every FedL2G run, its E variants included,
+    trains with that choice and sets no server_lr of its own; the other methods' runs are the paper-scale study's."""
+    from fedrepro.config import command_config
+
+    config = command_config([str(REPO / "config" / "paper.yaml"), str(REPO / "config" / "paper-tuned.yaml")])
+    plain = command_config([str(REPO / "config" / "paper.yaml")])["studies"]["fedl2g"]
+    assert list(config["studies"]) == ["fedl2g"] and config["results_dir"] == "results/paper-tuned"
+    study, (stage,) = config["studies"]["fedl2g"], config["tuning_studies"].values()
+    assert set(study["tuning"]["seeds"]).isdisjoint(study["seeds"]) and list(stage["settings"]) == ["c100-dir"]
+    eta = [0.01, 0.05, 0.1, 0.5, 1.0, 10.0, 50.0, 100.0, 500.0]
+    assert {m: [point["values"] for point in points] for m, points in stage["sweeps"].items()} == {
+        m: [{"hparams.server_lr": v} for v in eta] for m in ("fedl2g_l", "fedl2g_f")}
+    for setting, method in grid_runs(study):
+        spec = run_spec(study, setting, method)
+        if method.startswith("fedl2g"):
+            base = method.split("-")[0]
+            assert spec["tuned"] == [{"study": "fedl2g", "stage": "server_lr", "method": base}], method
+            assert "server_lr" not in spec["hparams"], method
+        else:
+            assert spec == run_spec(plain, setting, method), method
 
 
 # ---------------------------------------------------------------- would fewer rounds choose the same?
