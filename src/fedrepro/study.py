@@ -40,9 +40,8 @@ def sweep_base(study: dict, method: str) -> str:
 def tuned_entries(study: dict, method: str) -> list[dict[str, str]]:
     """The tuning stages whose choice a run of ``method`` (a study method or a swept variant of one) trains with:
     (study, stage, and the method whose choice it takes, '*' for a stage that applies to all). A method with
-    ``tuned_as`` takes that method's choices."""
-    base = sweep_base(study, method)
-    base = study["methods"].get(base, {}).get("tuned_as") or base
+    ``tuned_as`` takes that method's choices, and so does each variant its `sweep` makes (the variant carries it)."""
+    base = study["methods"].get(method, {}).get("tuned_as") or sweep_base(study, method)
     return [{"study": t["study"], "stage": t["stage"], "method": "*" if t["applies_to"] == "all" else base}
             for t in study.get("tuned_by", []) if t["applies_to"] == "all" or base in t["methods"]]
 

@@ -56,9 +56,15 @@ def test_a_method_tuned_as_another_trains_with_that_methods_choices():
     method it names, and the clients' choice as every method does."""
     study = yaml.safe_load(STUDY.read_text())
     study["methods"]["fedprox-ablated"] = {"algorithm": "fedprox", "label": "FedProx, ablated", "tuned_as": "fedprox"}
+    # a swept method taking another's values: each of its variants does (FedDisco's MOON + Disco (a, b) grid)
+    study["methods"]["fedprox-swept"] = {"algorithm": "fedprox", "label": "FedProx, swept", "tuned_as": "fedprox",
+                                         "sweep": {"training.batch_size": [16, 32]}}
+    study["grid"].append({"settings": ["iid"], "methods": ["fedprox-swept"]})
     own = resolved(study)["studies"]["tiny"]
-    assert run_spec(own, "iid", "fedprox-ablated")["tuned"] == [
-        {"study": "tiny", "stage": "clients", "method": "*"}, {"study": "tiny", "stage": "prox", "method": "fedprox"}]
+    for method in ("fedprox-ablated", "fedprox-swept-batch_size16", "fedprox-swept-batch_size32"):
+        assert run_spec(own, "iid", method)["tuned"] == [
+            {"study": "tiny", "stage": "clients", "method": "*"},
+            {"study": "tiny", "stage": "prox", "method": "fedprox"}], method
 
 
 def _with_ablated(**entry):
@@ -287,28 +293,43 @@ def test_feddles_table5_study_tunes_every_method_by_app_d_and_then_runs_all_four
     assert {"table3", "table6"} <= set(study["tables"]) and {"fig2", "fig7"} <= set(study["figures"])
 
 
-def test_fedl2gs_own_search_of_its_server_lr_runs_at_paper_scale_and_every_fedl2g_run_takes_its_choice():
+def test_the_papers_own_grids_run_at_paper_scale_and_every_variant_of_a_tuned_method_takes_its_choice():
     """config/paper-tuned.yaml: FedL2G's eta_s searched over the paper's nine values on Cifar100 Dirichlet HtFE8
-    (Sec. 5), on a seed no table reports, each method choosing its own; every FedL2G run, its E variants included,
-    trains with that choice and sets no server_lr of its own; the other methods' runs are the paper-scale study's."""
+    (Sec. 5), FedDisco's baselines over App. B.1.5's grids on CIFAR-10 NIID-1 and NIID-2, on a seed no table
+    reports, each method choosing its own; every run of a tuned method, its variants included (FedL2G's E variants,
+    the + Disco rows, MOON + Disco's swept (a, b) grid), trains with that choice and sets no value of its own; the
+    other runs are the paper-scale studies' as they are."""
     from fedrepro.config import command_config
 
     config = command_config([str(REPO / "config" / "paper.yaml"), str(REPO / "config" / "paper-tuned.yaml")])
-    plain = command_config([str(REPO / "config" / "paper.yaml")])["studies"]["fedl2g"]
-    assert list(config["studies"]) == ["fedl2g"] and config["results_dir"] == "results/paper-tuned"
-    study, (stage,) = config["studies"]["fedl2g"], config["tuning_studies"].values()
-    assert set(study["tuning"]["seeds"]).isdisjoint(study["seeds"]) and list(stage["settings"]) == ["c100-dir"]
+    plain = command_config([str(REPO / "config" / "paper.yaml")])["studies"]
+    assert sorted(config["studies"]) == ["feddisco", "fedl2g"] and config["results_dir"] == "results/paper-tuned"
     eta = [0.01, 0.05, 0.1, 0.5, 1.0, 10.0, 50.0, 100.0, 500.0]
-    assert {m: [point["values"] for point in points] for m, points in stage["sweeps"].items()} == {
-        m: [{"hparams.server_lr": v} for v in eta] for m in ("fedl2g_l", "fedl2g_f")}
-    for setting, method in grid_runs(study):
-        spec = run_spec(study, setting, method)
-        if method.startswith("fedl2g"):
-            base = method.split("-")[0]
-            assert spec["tuned"] == [{"study": "fedl2g", "stage": "server_lr", "method": base}], method
-            assert "server_lr" not in spec["hparams"], method
-        else:
-            assert spec == run_spec(plain, setting, method), method
+    grids = {("fedl2g", "server_lr"): {"fedl2g_l": {"hparams.server_lr": eta}, "fedl2g_f": {"hparams.server_lr": eta}},
+             ("feddisco", "fedprox_mu"): {"fedprox": {"hparams.mu": [0.001, 0.01, 0.1, 1.0]}},
+             ("feddisco", "feddyn_alpha"): {"feddyn": {"hparams.alpha": [0.001, 0.01, 0.1, 1.0]}},
+             ("feddisco", "moon_mu"): {"moon": {"hparams.mu": [0.01, 0.1, 0.5, 1.0, 5.0]}},
+             ("feddisco", "feddc_alpha"): {"feddc": {"hparams.alpha": [0.001, 0.01, 0.1, 1.0]}}}
+    settings = {"fedl2g": ["c100-dir"], "feddisco": ["c10-niid1", "c10-niid2"]}
+    tuned_by = {}  # a tuned study method -> (its stage, the key the stage chooses)
+    for (name, stage_name), stage_grids in grids.items():
+        study, stage = config["studies"][name], config["tuning_studies"][f"{name}--tune-{stage_name}"]
+        assert set(study["tuning"]["seeds"]).isdisjoint(study["seeds"]) and list(stage["settings"]) == settings[name]
+        assert {m: {k: [p["values"][k] for p in points] for k in points[0]["values"]}
+                for m, points in stage["sweeps"].items()} == stage_grids
+        tuned_by |= {m: (stage_name, key.split(".")[1]) for m, grid in stage_grids.items() for key in grid}
+    for name in ("feddisco", "fedl2g"):
+        study = config["studies"][name]
+        for setting, method in grid_runs(study):
+            spec = run_spec(study, setting, method)
+            base = next((m for m in sorted(tuned_by, key=len, reverse=True)
+                         if method == m or method.startswith(f"{m}-")), None)
+            if base is None:
+                assert spec == run_spec(plain[name], setting, method), method
+                continue
+            stage_name, key = tuned_by[base]
+            assert spec["tuned"] == [{"study": name, "stage": stage_name, "method": base}], method
+            assert key not in spec["hparams"], method
 
 
 # ---------------------------------------------------------------- would fewer rounds choose the same?
