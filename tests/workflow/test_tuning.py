@@ -299,7 +299,8 @@ def test_the_papers_own_grids_run_at_paper_scale_and_every_variant_of_a_tuned_me
     reports, each method choosing its own; every run of a tuned method, its variants included (FedL2G's E variants,
     the + Disco rows, MOON + Disco's swept (a, b) grid), trains with that choice and sets no value of its own; the
     other runs are the paper-scale studies' as they are."""
-    from fedrepro.config import command_config
+    from fedrepro.config import command_config, run_studies
+    from fedrepro.preflight import job_groups, shape_key
 
     config = command_config([str(REPO / "config" / "paper.yaml"), str(REPO / "config" / "paper-tuned.yaml")])
     plain = command_config([str(REPO / "config" / "paper.yaml")])["studies"]
@@ -330,6 +331,10 @@ def test_the_papers_own_grids_run_at_paper_scale_and_every_variant_of_a_tuned_me
             stage_name, key = tuned_by[base]
             assert spec["tuned"] == [{"study": name, "stage": stage_name, "method": base}], method
             assert key not in spec["hparams"], method
+    # no job of a new shape: the paper-scale preflight (config/paper.yaml's shapes) already ran every one of them
+    paper_shapes = {group.key for group in job_groups(command_config([str(REPO / "config" / "paper.yaml")]))}
+    assert {shape_key(run_spec(study, s, m)) for study in run_studies(config).values()
+            for s, m in grid_runs(study)} <= paper_shapes
 
 
 # ---------------------------------------------------------------- would fewer rounds choose the same?
