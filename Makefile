@@ -17,7 +17,7 @@ WITH_KERNELS := env $(KERNELS_$(KERNELS))
 
 .PHONY: run test browser fashion-mnist laptop-full laptop-feddle-600 laptop-feddle-table5 \
 	laptop-feddle-table5-d01 laptop-feddle-table5-d03 laptop-feddle-table5-widths snapshot-laptop-full snapshot-laptop-feddle-table5-parts \
-	lint bench \
+	runs-save runs-restore lint bench \
 	kernel-check cost preflight clean-results \
 	clean-paper-results
 
@@ -81,13 +81,20 @@ TABLE5_PART = targets=$$($(BIN)/python -m fedrepro.jobs --configfile $(TABLE5_CO
 	$(if $(METHODS),--methods $(METHODS))) && $(BIN)/snakemake --cores $(CORES) $$targets --configfile $(TABLE5_CONFIG)
 # the table whose cells a -d01/-d03 part fills: table5, or table5-readings (the two ambiguous baselines' other readings)
 TABLE ?= table5
+# each part first puts back the finished seeds archived in the repository (runs-restore: a new machine resumes
+# where the last one stopped; one whose results root holds them already copies nothing)
+TABLE5_RESTORE = $(BIN)/python -m fedrepro.report.archive restore --configfile $(TABLE5_CONFIG)
 laptop-feddle-table5-tune-%: $(VENV)/.installed fashion-mnist
+	$(TABLE5_RESTORE)
 	$(BIN)/snakemake --cores $(CORES) $(TABLE5)/tuning/$*.md --configfile $(TABLE5_CONFIG)
 laptop-feddle-table5-d01: $(VENV)/.installed fashion-mnist
+	$(TABLE5_RESTORE)
 	$(call TABLE5_PART,--study feddle-table5 --table $(TABLE) --settings fm-d01-n20 fm-d01-n5)
 laptop-feddle-table5-d03: $(VENV)/.installed fashion-mnist
+	$(TABLE5_RESTORE)
 	$(call TABLE5_PART,--study feddle-table5 --table $(TABLE) --settings fm-d03-n20 fm-d03-n5)
 laptop-feddle-table5: $(VENV)/.installed fashion-mnist
+	$(TABLE5_RESTORE)
 	$(BIN)/snakemake --cores $(CORES) --configfile $(TABLE5_CONFIG)
 # a probe beside it (issue 49): FedBuff at its tuned values with Feddle's CNN at the laptop and the paper-scale widths,
 # D(0.1), 3 seeds (~5 core-hours estimated; SETTINGS="fm-d01-n5-cnn3 ..." runs only those columns' jobs)
@@ -97,9 +104,19 @@ laptop-feddle-table5-widths: $(VENV)/.installed fashion-mnist
 	  $(if $(SETTINGS),--settings $(SETTINGS))) && $(BIN)/snakemake --cores $(CORES) $$targets \
 	  $(if $(SETTINGS),,results/laptop-feddle-table5-widths/scorecard.md) --configfile $(WIDTHS_CONFIG)
 # copy what has finished so far into docs/results/laptop-feddle-table5: the tuning stages (a later call adds the ones
-# since) and the tables from the jobs finished (fedrepro.report.progress)
+# since) and the tables from the jobs finished (fedrepro.report.progress); then every finished seed into its archive
 snapshot-laptop-feddle-table5-parts: $(VENV)/.installed
 	$(BIN)/python -m fedrepro.report.snapshot --configfile $(TABLE5_CONFIG) --out docs/results/laptop-feddle-table5 --parts
+	$(BIN)/python -m fedrepro.report.archive save --configfile $(TABLE5_CONFIG)
+
+# A results root does not outlive its machine: the finished seeds of a config's train jobs (run folders and
+# done-markers, a few KB a seed) saved into docs/results/runs/<config>/ and put back on another machine, where the
+# train jobs then train none of them again (fedrepro.report.archive; RUNS_CONFIG=config/laptop-full.yaml ...)
+RUNS_CONFIG ?= $(TABLE5_CONFIG)
+runs-save: $(VENV)/.installed
+	$(BIN)/python -m fedrepro.report.archive save --configfile $(RUNS_CONFIG)
+runs-restore: $(VENV)/.installed
+	$(BIN)/python -m fedrepro.report.archive restore --configfile $(RUNS_CONFIG)
 
 # copy a complete laptop-full run's scorecard, tables and figures into docs/results/laptop-full (WALL_TIME: as measured;
 # REFRESH=study ...: replace only those studies' files, from a run of them alone: docs/laptop-full.md)
