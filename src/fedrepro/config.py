@@ -225,7 +225,10 @@ def resolve_config(config: dict, source: str = "config", root: Path = REPO) -> d
 def _resolved_study(name: str, study: dict, where: str, prefix: str, scale: str, tuned_by: list[dict]) -> dict:
     """A validated study with its sweeps expanded, checked (check_study), its scale's table defaults set and the
     tuning stages whose choices its runs train with (``tuned_by``, tuning_stage_studies)."""
-    sweeps = expand_sweeps(study)
+    try:
+        sweeps = expand_sweeps(study)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {prefix + ': ' if prefix else ''}{err}") from None
     validate(study, "study", where, prefix)  # the swept values too
     study["sweeps"] = sweeps
     check_study(name, study, where, prefix)
@@ -317,10 +320,28 @@ def _format_value(value: object) -> str:
     return str(value).replace("-", "m")  # '-' separates the parts of a variant name
 
 
+def sweep_combinations(sweep: dict[str, list | dict], where: str = "sweep") -> list[tuple[dict, list[str]]]:
+    """The points of a ``sweep`` (dotted key -> values, or {same_as: another key}): every combination of its
+    axes, in their order, each as (dotted key -> value, its tied keys included; the keys that name it, the axes).
+    ConfigError naming the key whose ``same_as`` is no axis of the same sweep."""
+    axes = [k for k, v in sweep.items() if isinstance(v, list)]
+    for key, value in sweep.items():
+        if isinstance(value, dict) and value["same_as"] not in axes:
+            raise ConfigError(f"{where}.{key}: same_as {value['same_as']!r} is no key of the same sweep with values "
+                              f"of its own (those: {axes})")
+    points = []
+    for combo in itertools.product(*(sweep[k] for k in axes)):
+        picked = dict(zip(axes, combo, strict=True))
+        points.append(({k: picked[v["same_as"]] if isinstance(v, dict) else picked[k] for k, v in sweep.items()},
+                       axes))
+    return points
+
+
 def expand_sweeps(study: dict) -> dict[str, list[dict]]:
-    """Replace each method that has a ``sweep`` by one named variant per combination of values, and let
-    grid blocks name the base method for all of them. Returns base name -> the variants with their
-    values, for figures such as FedDisco's (a, b) grid."""
+    """Replace each method that has a ``sweep`` by one named variant per combination of values (sweep_combinations:
+    a tied key follows its axis, and only the axes name the variant), and let grid blocks name the base method
+    for all of them. Returns base name -> the variants with their values, for figures such as FedDisco's (a, b)
+    grid."""
     sweeps: dict[str, list[dict]] = {}
     methods = {}
     for name, method in study["methods"].items():
@@ -328,20 +349,17 @@ def expand_sweeps(study: dict) -> dict[str, list[dict]]:
         if not sweep:
             methods[name] = method
             continue
-        keys = list(sweep)
         variants = []
-        for combo in itertools.product(*(sweep[k] for k in keys)):
+        for point, axes in sweep_combinations(sweep, f"methods.{name}.sweep"):
             variant = copy.deepcopy(method)
-            parts = [name]
-            for key, value in zip(keys, combo, strict=True):
+            for key, value in point.items():
                 section, field = key.split(".")
                 variant.setdefault(section, {})[field] = value
-                parts.append(f"{field}{_format_value(value)}")
-            vname = "-".join(parts)
-            values = ", ".join(f"{key.split('.')[1]}={value}" for key, value in zip(keys, combo, strict=True))
+            vname = "-".join([name, *(f"{key.split('.')[1]}{_format_value(point[key])}" for key in axes)])
+            values = ", ".join(f"{key.split('.')[1]}={value}" for key, value in point.items())
             variant["label"] = f"{method.get('label', name)} ({values})"
             methods[vname] = variant
-            variants.append({"method": vname, "values": dict(zip(keys, combo, strict=True))})
+            variants.append({"method": vname, "values": point})
         sweeps[name] = variants
     study["methods"] = methods
     for block in study["grid"]:

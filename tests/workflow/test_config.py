@@ -227,6 +227,23 @@ def test_sweeps_expand_to_named_variants_and_the_grid_names_the_base(config):
     assert spec["weighting"] == {"kind": "disco", "a": 0.7, "b": 0.05}
 
 
+def test_a_tied_key_follows_its_axis_in_every_variant_and_an_unknown_one_is_refused_by_name(config):
+    """FedDisco's FedAvgM: its dampening is its beta at every point (same_as), not an axis of its own."""
+    s = study(config)
+    s["methods"]["avgm"] = {"algorithm": "fedavgm", "sweep": {"hparams.beta": [0.3, 0.9],
+                                                              "hparams.dampening": {"same_as": "hparams.beta"}}}
+    s["grid"].append({"settings": ["niid1"], "methods": ["avgm"]})
+    resolved = resolve_config(copy.deepcopy(config))["studies"]["feddisco"]
+    assert resolved["sweeps"]["avgm"] == [
+        {"method": "avgm-beta0.3", "values": {"hparams.beta": 0.3, "hparams.dampening": 0.3}},
+        {"method": "avgm-beta0.9", "values": {"hparams.beta": 0.9, "hparams.dampening": 0.9}}]
+    assert run_spec(resolved, "niid1", "avgm-beta0.9")["hparams"] == {"beta": 0.9, "dampening": 0.9}
+    s["methods"]["avgm"]["sweep"]["hparams.dampening"] = {"same_as": "hparams.momentum"}
+    with pytest.raises(ConfigError, match=r"methods.avgm.sweep.hparams.dampening: same_as 'hparams.momentum' is "
+                                          r"no key of the same sweep with values of its own \(those: \['hparams.b"):
+        resolve_config(config)
+
+
 def test_swept_values_are_validated_too(config):
     s = study(config)
     s["methods"]["bad"] = {"algorithm": "fedavg", "sweep": {"training.lr": [0.1, -1.0]}}

@@ -295,10 +295,10 @@ def test_feddles_table5_study_tunes_every_method_by_app_d_and_then_runs_all_four
 
 def test_the_papers_own_grids_run_at_paper_scale_and_every_variant_of_a_tuned_method_takes_its_choice():
     """config/paper-tuned.yaml: FedL2G's eta_s searched over the paper's nine values on Cifar100 Dirichlet HtFE8
-    (Sec. 5), FedDisco's baselines over App. B.1.5's grids on CIFAR-10 NIID-1 and NIID-2, on a seed no table
-    reports, each method choosing its own; every run of a tuned method, its variants included (FedL2G's E variants,
-    the + Disco rows, MOON + Disco's swept (a, b) grid), trains with that choice and sets no value of its own; the
-    other runs are the paper-scale studies' as they are."""
+    (Sec. 5), FedDisco's baselines over App. B.1.5's grids (FedAvgM's dampening tied to its beta) on CIFAR-10
+    NIID-1 and NIID-2, on a seed no table reports, each method choosing its own; every run of a tuned method, its
+    variants included (FedL2G's E variants, the + Disco rows, MOON + Disco's swept (a, b) grid), trains with that
+    choice and sets no value of its own; the other runs are the paper-scale studies' as they are."""
     from fedrepro.config import command_config, run_studies
     from fedrepro.preflight import job_groups, shape_key
 
@@ -306,19 +306,21 @@ def test_the_papers_own_grids_run_at_paper_scale_and_every_variant_of_a_tuned_me
     plain = command_config([str(REPO / "config" / "paper.yaml")])["studies"]
     assert sorted(config["studies"]) == ["feddisco", "fedl2g"] and config["results_dir"] == "results/paper-tuned"
     eta = [0.01, 0.05, 0.1, 0.5, 1.0, 10.0, 50.0, 100.0, 500.0]
+    beta = [0.3, 0.5, 0.7, 0.9]  # FedAvgM's dampening tied to it (same_as), as FedDisco's code has it
     grids = {("fedl2g", "server_lr"): {"fedl2g_l": {"hparams.server_lr": eta}, "fedl2g_f": {"hparams.server_lr": eta}},
+             ("feddisco", "fedavgm_beta"): {"fedavgm": {"hparams.beta": beta, "hparams.dampening": beta}},
              ("feddisco", "fedprox_mu"): {"fedprox": {"hparams.mu": [0.001, 0.01, 0.1, 1.0]}},
              ("feddisco", "feddyn_alpha"): {"feddyn": {"hparams.alpha": [0.001, 0.01, 0.1, 1.0]}},
              ("feddisco", "moon_mu"): {"moon": {"hparams.mu": [0.01, 0.1, 0.5, 1.0, 5.0]}},
              ("feddisco", "feddc_alpha"): {"feddc": {"hparams.alpha": [0.001, 0.01, 0.1, 1.0]}}}
     settings = {"fedl2g": ["c100-dir"], "feddisco": ["c10-niid1", "c10-niid2"]}
-    tuned_by = {}  # a tuned study method -> (its stage, the key the stage chooses)
+    tuned_by = {}  # a tuned study method -> (its stage, the keys the stage chooses)
     for (name, stage_name), stage_grids in grids.items():
         study, stage = config["studies"][name], config["tuning_studies"][f"{name}--tune-{stage_name}"]
         assert set(study["tuning"]["seeds"]).isdisjoint(study["seeds"]) and list(stage["settings"]) == settings[name]
         assert {m: {k: [p["values"][k] for p in points] for k in points[0]["values"]}
                 for m, points in stage["sweeps"].items()} == stage_grids
-        tuned_by |= {m: (stage_name, key.split(".")[1]) for m, grid in stage_grids.items() for key in grid}
+        tuned_by |= {m: (stage_name, [key.split(".")[1] for key in grid]) for m, grid in stage_grids.items()}
     for name in ("feddisco", "fedl2g"):
         study = config["studies"][name]
         for setting, method in grid_runs(study):
@@ -328,9 +330,9 @@ def test_the_papers_own_grids_run_at_paper_scale_and_every_variant_of_a_tuned_me
             if base is None:
                 assert spec == run_spec(plain[name], setting, method), method
                 continue
-            stage_name, key = tuned_by[base]
+            stage_name, keys = tuned_by[base]
             assert spec["tuned"] == [{"study": name, "stage": stage_name, "method": base}], method
-            assert key not in spec["hparams"], method
+            assert not set(keys) & set(spec["hparams"]), method
     # no job of a new shape: the paper-scale preflight (config/paper.yaml's shapes) already ran every one of them
     paper_shapes = {group.key for group in job_groups(command_config([str(REPO / "config" / "paper.yaml")]))}
     assert {shape_key(run_spec(study, s, m)) for study in run_studies(config).values()
