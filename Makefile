@@ -104,10 +104,11 @@ laptop-feddle-table5-widths: $(VENV)/.installed fashion-mnist
 	  $(if $(SETTINGS),--settings $(SETTINGS))) && $(BIN)/snakemake --cores $(CORES) $$targets \
 	  $(if $(SETTINGS),,results/laptop-feddle-table5-widths/scorecard.md) --configfile $(WIDTHS_CONFIG)
 # copy what has finished so far into docs/results/laptop-feddle-table5: the tuning stages (a later call adds the ones
-# since) and the tables from the jobs finished (fedrepro.report.progress); then every finished seed into its archive
+# since) and the tables from the jobs finished (fedrepro.report.progress); first, every finished seed into its
+# archive (runs-save), which a snapshot with no stage finished since would otherwise stop
 snapshot-laptop-feddle-table5-parts: $(VENV)/.installed
-	$(BIN)/python -m fedrepro.report.snapshot --configfile $(TABLE5_CONFIG) --out docs/results/laptop-feddle-table5 --parts
 	$(BIN)/python -m fedrepro.report.archive save --configfile $(TABLE5_CONFIG)
+	$(BIN)/python -m fedrepro.report.snapshot --configfile $(TABLE5_CONFIG) --out docs/results/laptop-feddle-table5 --parts
 
 # A results root does not outlive its machine: the finished seeds of a config's train jobs (run folders and
 # done-markers, a few KB a seed) saved into docs/results/runs/<config>/ and put back on another machine, where the
