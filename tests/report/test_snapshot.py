@@ -12,7 +12,8 @@ import yaml
 from support.common import laptop_full_config
 from support.report import make_run
 
-from fedrepro.config import REPO, merge_configfiles, resolve_config
+from fedrepro.config import REPO, command_config, merge_configfiles, resolve_config
+from fedrepro.report.archive import archive_problems
 from fedrepro.report.integrity import write_checked_csv
 from fedrepro.report.scorecard import render_markdown, score_table
 from fedrepro.report.snapshot import (
@@ -342,3 +343,16 @@ def test_a_refresh_from_an_incomplete_run_changes_nothing_and_names_what_is_miss
     with pytest.raises(SystemExit, match="unknown study 'feddiscoo'"):
         refresh(config, tmp_path / "disco", out, ["feddiscoo"], ["c.yaml"], "2 h", commit="new")
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+COMMITTED = sorted(p.name for p in (REPO / "docs/results/runs").iterdir() if p.is_dir()) \
+    if (REPO / "docs/results/runs").is_dir() else []
+
+
+@pytest.mark.skipif(not COMMITTED, reason="no archive of runs is committed under docs/results/runs")
+@pytest.mark.parametrize("name", COMMITTED)
+def test_a_committed_archive_holds_only_whole_seeds_of_its_config_as_it_is(name):
+    """docs/results/runs/<config>/ (`make runs-save RUNS_CONFIG=config/<config>.yaml`): every seed whole and of the
+    config's current specs, so a restore puts back exactly what trains nothing again."""
+    config = command_config([f"config/{name}.yaml"])
+    assert archive_problems(config, REPO / "docs/results/runs" / name) == []

@@ -1,6 +1,8 @@
 """The tuning stage (fedrepro.tuning, workflow/rules/tune.smk): a study's tuning stages become studies of their own,
 every grid point is scored by the study's metric over the tuning settings and seeds, each method's best point is
-chosen by a stated rule, and the choice reaches the later stages and the study's own runs, again when it changes."""
+chosen by a stated rule, and the choice reaches the later stages and the study's own runs, again when it changes.
+A study run in parts keeps its finished seeds in an archive (fedrepro.report.archive) that a new machine restores
+without training any of them again."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import yaml
 from support.common import REPO
 
 from fedrepro.config import resolve_config
+from fedrepro.report.archive import INDEX, archive_problems, finished_seeds, restore, save
 from fedrepro.study import ConfigError, grid_runs, run_spec
 from fedrepro.tuning import TuningError, apply_choices, choose, grid_edges, point_scores, tuned_digest, write_choice
 
@@ -228,13 +231,29 @@ def final_runs(res: Path) -> dict[str, dict]:
             for m in ("fedavg", "fedprox") for s in (0, 1)}
 
 
-@pytest.mark.slow
-def test_the_stages_choices_reach_the_final_runs_and_a_changed_choice_trains_them_again(tmp_path):
-    root = tmp_path / "tune"
-    root.mkdir()
-    shutil.copy(STUDY, root / "study.yaml")
+def configured(root: Path, study: Path = STUDY) -> Path:
+    """``root`` (made if missing) holding ``study`` as study.yaml and a config.yaml that names it, for snakemake."""
+    root.mkdir(parents=True, exist_ok=True)
+    if study != root / "study.yaml":
+        shutil.copy(study, root / "study.yaml")
     (root / "config.yaml").write_text(yaml.safe_dump({"studies": {"tiny": str(root / "study.yaml")}}))
+    return root
+
+
+@pytest.fixture(scope="module")
+def tuned_run(tmp_path_factory) -> Path:
+    """tests/data/tuning_study.yaml run through Snakemake: its two stages (4 grid points of 1 seed) and the study's own
+    2 jobs of 2 seeds. Read only: a test that changes it works on a copy."""
+    root = configured(tmp_path_factory.mktemp("tuned") / "tune")
     snakemake(root)
+    return root
+
+
+@pytest.mark.slow
+def test_the_stages_choices_reach_the_final_runs_and_a_changed_choice_trains_them_again(tuned_run, tmp_path):
+    root = tmp_path / "tune"
+    shutil.copytree(tuned_run, root)  # mtimes and Snakemake's records too: nothing is out of date
+    configured(root, root / "study.yaml")
     res = root / "results" / "tiny"
     clients = json.loads((res / "tuning/clients.json").read_text())
     prox = json.loads((res / "tuning/prox.json").read_text())
@@ -337,6 +356,82 @@ def test_the_papers_own_grids_run_at_paper_scale_and_every_variant_of_a_tuned_me
     paper_shapes = {group.key for group in job_groups(command_config([str(REPO / "config" / "paper.yaml")]))}
     assert {shape_key(run_spec(study, s, m)) for study in run_studies(config).values()
             for s, m in grid_runs(study)} <= paper_shapes
+
+
+# ---------------------------------------------------------------- the runs' archive: a new machine resumes
+
+
+def config_of(root: Path) -> dict:
+    return resolve_config({"studies": {"tiny": yaml.safe_load((root / "study.yaml").read_text())}})
+
+
+def train_logs(results: Path) -> dict[str, str]:
+    return {p.relative_to(results).as_posix(): p.read_text() for p in sorted(results.glob("*/logs/train/*/*.log"))}
+
+
+@pytest.mark.slow
+def test_a_restored_archive_trains_nothing_again_and_rebuilds_the_same_choices_and_tables(tuned_run, tmp_path):
+    config = config_of(tuned_run)
+    results = tuned_run / "results"
+    archive = tmp_path / "archive"
+    outcome = save(config, results, archive)
+    assert len(outcome.copied) == 8 and not outcome.refused  # 4 grid points x 1 seed, 2 jobs x 2 seeds
+    assert json.loads((archive / INDEX).read_text())["count"] == 8
+    assert archive_problems(config, archive) == []
+    assert save(config, results, archive).unchanged == outcome.copied  # a second save changes nothing
+
+    # a new machine: the checkout, no results root
+    machine = configured(tmp_path / "machine")
+    assert len(restore(config, archive, machine / "results").copied) == 8
+    snakemake(machine)
+    logs = train_logs(machine / "results")
+    assert len(logs) == 6
+    for name, log in logs.items():
+        assert "not trained again" in log and "clients, model" not in log, name  # no seed trained
+    for f in ("tiny/tuning/clients.json", "tiny/tuning/prox.json", "tiny/tuning/prox.csv", "tiny/tables/t1.md"):
+        assert (machine / "results" / f).read_text() == (results / f).read_text(), f
+
+
+@pytest.mark.slow
+def test_a_damaged_seed_is_refused_by_name_and_a_finished_one_is_never_overwritten(tuned_run, tmp_path):
+    config = config_of(tuned_run)
+    archive = tmp_path / "archive"
+    save(config, tuned_run / "results", archive)
+    seeds = finished_seeds(config, archive)
+    damaged = next(s for s in seeds if s.job == "tiny/iid/fedavg" and s.seed == 0)
+    metrics = archive / damaged.run / "metrics.csv"
+    metrics.write_text(metrics.read_text().replace("complete", "partial", 1) + "1,2\n")
+    problems = archive_problems(config, archive)
+    assert problems[0] == f"{metrics}: its sha256 is not the one {archive / damaged.marker} records"
+    assert sorted(problems[1:]) == sorted(f"{f}: no finished seed of the config's current specs holds it" for f in (
+        archive / damaged.marker, metrics, archive / damaged.run / "summary.json"))
+    results = tmp_path / "results"
+    outcome = restore(config, archive, results)
+    assert outcome.refused == [f"{metrics}: its sha256 is not the one {archive / damaged.marker} records"]
+    assert len(outcome.copied) == 7 and not (results / damaged.marker).exists()
+    # a results root's own finished seed that differs is kept, not overwritten
+    other = next(s for s in seeds if s.job == "tiny/iid/fedprox" and s.seed == 1)
+    (results / other.run / "metrics.csv").write_text("its own run\n")
+    again = restore(config, archive, results)
+    assert again.differing == ["tiny/iid/fedprox seed 1"] and len(again.unchanged) == 6
+    assert (results / other.run / "metrics.csv").read_text() == "its own run\n"
+
+
+@pytest.mark.slow
+def test_a_save_after_the_spec_changed_drops_the_older_specs_seeds(tuned_run, tmp_path):
+    config = config_of(tuned_run)
+    archive = tmp_path / "archive"
+    save(config, tuned_run / "results", archive)
+    config["studies"]["tiny"]["methods"]["fedprox"]["label"] = "FedProx"  # not in the run spec: the same jobs
+    assert archive_problems(config, archive) == []
+    config["studies"]["tiny"]["seeds"] = [0]  # seed 1 is no longer a run of the study
+    problems = archive_problems(config, archive)
+    assert any("tiny/runs/iid/fedavg/seed1/metrics.csv: no finished seed" in p for p in problems)
+    assert f"{archive / INDEX}: lists tiny/iid/fedavg seed 1, which the archive does not hold" in problems
+    save(config, tuned_run / "results", archive)
+    assert archive_problems(config, archive) == []
+    assert json.loads((archive / INDEX).read_text())["seeds"]["tiny/iid/fedavg"] == [0]
+    assert not (archive / "tiny/runs/iid/fedavg/seed1").exists()
 
 
 # ---------------------------------------------------------------- would fewer rounds choose the same?
