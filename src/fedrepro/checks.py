@@ -28,9 +28,13 @@ from fedrepro.study import (
 
 def tuning_problems(study: dict) -> Problems:
     """(key under `tuning`, problem) of a study's tuning stages, in order."""
+    from fedrepro.report.table_sources import scored_source
+
     tuning = study["tuning"]
     for s in tuning["settings"]:
         yield from _unknown("settings", s, study["settings"], "setting")
+        if s in study["settings"] and (problem := scored_source(tuning["metric"]).cell_problem(study, s)):
+            yield "settings", f"{problem}, which the metric {tuning['metric']} scores"
     if reported := sorted(set(tuning["seeds"]) & set(study["seeds"])):
         yield "seeds", f"{reported} are reported seeds of the study: tune on others, so no table shows a tuned run"
     names = [stage["name"] for stage in tuning["stages"]]

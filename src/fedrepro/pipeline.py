@@ -98,6 +98,21 @@ def partition(data: Path, spec: dict, seeds: list[int], outs: list[Path], log: C
         log(f"seed {seed}: {len(parts)} clients, sizes {min(stats['sizes'])}..{max(stats['sizes'])} -> {out}")
 
 
+def tuned_run(spec: dict, checkpoint_dir: Path, tuned: dict[tuple[str, str], Path] | None,
+              log: Callable[[str], None]) -> tuple[dict, Path]:
+    """A train job's run spec with the choices of its tuned stages applied (``tuned``: (study, stage) -> choice
+    file; fedrepro.tuning), and the folder of its checkpoints and finished seeds: ``checkpoint_dir``, or within it
+    the folder of those choices, where a fine-tuning job finds the run's kept model too."""
+    from fedrepro.tuning import apply_choices, tuned_digest
+
+    spec = apply_choices(spec, tuned or {})
+    if digest := tuned_digest(spec):
+        chosen = "; ".join(f"{t['stage']}: {t['values']}" for t in spec["tuned"])
+        log(f"tuned: {chosen}")
+        return spec, checkpoint_dir / f"tuned-{digest}"
+    return spec, checkpoint_dir
+
+
 def train(spec: dict, data: Path, partitions: list[Path], seeds: list[int], index: Path,
           checkpoint_dir: Path, device: str, threads: int, log: Callable[[str], None],
           engine: dict | None = None, started: float | None = None, keep_checkpoints: bool = False,
@@ -112,13 +127,8 @@ def train(spec: dict, data: Path, partitions: list[Path], seeds: list[int], inde
 
     from fedrepro.io import atomic_write_json
     from fedrepro.train import train_job
-    from fedrepro.tuning import apply_choices, tuned_digest
 
-    spec = apply_choices(spec, tuned or {})
-    if digest := tuned_digest(spec):
-        chosen = "; ".join(f"{t['stage']}: {t['values']}" for t in spec["tuned"])
-        log(f"tuned: {chosen}")
-        checkpoint_dir = Path(checkpoint_dir) / f"tuned-{digest}"
+    spec, checkpoint_dir = tuned_run(spec, Path(checkpoint_dir), tuned, log)
     index = Path(index)
     out_dirs = {s: index.parent / f"seed{s}" for s in seeds}
     results = train_job(
@@ -147,12 +157,16 @@ def choose_tuning(stage: dict, runs: Path, summary: Path, out_json: Path, out_cs
 
 
 def finetune(spec: dict, runs_index: Path, source: Path, target: Path, checkpoint_dir: Path, index: Path,
-             device: str, threads: int, log: Callable[[str], None]) -> None:
-    """Fine-tune every seed of one method x setting on the setting's target; ``index`` (seeds.json) is
-    written last and lists the per-seed records (seed{N}.json beside it)."""
+             device: str, threads: int, log: Callable[[str], None], train_spec: dict | None = None,
+             tuned: dict[tuple[str, str], Path] | None = None) -> None:
+    """Fine-tune every seed of one method x setting on the setting's target, from the models its train job kept
+    (in the folder of its tuned choices, for a run of ``train_spec`` with ``tuned`` stages: tuned_run);
+    ``index`` (seeds.json) is written last and lists the per-seed records (seed{N}.json beside it)."""
     from fedrepro.finetune import finetune_job
     from fedrepro.io import atomic_write_json, read_json
 
+    if train_spec is not None:
+        _, checkpoint_dir = tuned_run(train_spec, Path(checkpoint_dir), tuned, log)
     runs = read_json(runs_index)["runs"]
     index = Path(index)
     records = finetune_job(spec, Path(source), Path(target), runs, Path(checkpoint_dir), index.parent,

@@ -58,7 +58,9 @@ def point_scores(stage: dict, runs: pd.DataFrame, summary: pd.DataFrame) -> pd.D
     """One row per grid point of ``stage`` (its method, variant and values, in grid order): the mean of the
     stage's metric over its runs (every tuning setting and seed), its mean per setting, how many runs it has and
     how many diverged. ``stage``: the rule's params (``variants``: variant -> {method, values}; ``metric``;
-    ``settings``; ``seeds``). A point without a run of every setting and seed is refused by name."""
+    ``settings``; ``seeds``). ``summary``: the stage's scored table (fedrepro.report.table_sources.scored_source:
+    summary.csv, or finetune.csv for a target_* metric), ``runs`` its training curves. A point without a run of
+    every setting and seed is refused by name."""
     metric, settings, seeds = stage["metric"], list(stage["settings"]), list(stage["seeds"])
     spec = {"name": f"tuning stage {stage['stage']}", "metric": metric, "columns": [{}]}
     values = add_derived(spec, summary, runs)

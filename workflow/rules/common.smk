@@ -208,6 +208,11 @@ def tuning_stage(wildcards):
         raise WorkflowError(str(err)) from None
 
 
+def tuning_scored(wildcards):
+    """The aggregated table choose_tuning scores <study>/<stage>'s runs from (fedrepro.report.table_sources)."""
+    return table_sources.scored_source(tuning_stage(wildcards)["metric"]).cells_from
+
+
 def train_spec(wildcards):
     """The run spec, plus the path of the pretrained weights its model loads (models trained from scratch:
     the bare run spec, so their checkpoints' fingerprints do not change)."""

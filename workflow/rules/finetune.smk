@@ -16,10 +16,14 @@ rule finetune:
         target=lambda w: f"{DATA}/{setting_of(w)['target']['dataset']}.npz",
         checksums=lambda w: [f"{DATA}/{setting_of(w)['dataset']}.npz.sha256",
                              f"{DATA}/{setting_of(w)['target']['dataset']}.npz.sha256"],
+        # the choices its pre-training trained with: they name the folder of the models it kept
+        tuned=lambda w: list(tuned_choices(w).values()),
     output:
         f"{RES}/{{study}}/finetune/{{setting}}/{{method}}/seeds.json",
     params:
         spec=lambda w: finetune_spec(*run_of(w)),
+        train_spec=lambda w: run_spec(*run_of(w)),
+        tuned=tuned_choices,
         checkpoint_dir=checkpoint_dir,
         device=CFG["device"],
     threads: CFG["train_resources"]["threads"]

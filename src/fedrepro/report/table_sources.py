@@ -66,11 +66,15 @@ def table_metrics(table: dict) -> set[str]:
     return {table["metric"], *(c["metric"] for c in table["columns"] if "metric" in c)}
 
 
+# the numbers of a fine-tuning on the target (finetune.csv): after its last epoch, and its best epoch's
+FINETUNE_METRICS = ("target_acc", "best_target_acc")
+
+
 def _run_metric_problems(table: dict, from_finetune: bool) -> Problems:
-    """A table of runs shows no simulated bound, and target_* metrics exactly when its runs are fine-tunings."""
+    """A table of runs shows no simulated bound, and target metrics exactly when its runs are fine-tunings."""
     if table["metric"] == "bound":
         return [("metric", "the metric 'bound' exists only in a `source: simulation` table")]
-    wrong = sorted(m for m in table_metrics(table) if m.startswith("target_") != from_finetune)
+    wrong = sorted(m for m in table_metrics(table) if (m in FINETUNE_METRICS) != from_finetune)
     if wrong:
         return [("", f"metric {wrong[0]!r} does not exist for `source: {table['source']}` (target_* metrics come "
                      "from fine-tuning, `source: finetune`; the others from pre-training)")]
@@ -117,6 +121,12 @@ def table_source(name: str) -> TableSource:
     if name not in TABLE_SOURCES:
         raise ValueError(f"unknown table source {name!r}; known: {sorted(TABLE_SOURCES)}")
     return TABLE_SOURCES[name]
+
+
+def scored_source(metric: str) -> TableSource:
+    """Where a tuning stage's runs are scored by ``metric`` (fedrepro.tuning): the fine-tuning on each setting's
+    target for a target metric (FedGTST's number), the training runs otherwise, as a table's cells are."""
+    return table_source("finetune" if metric in FINETUNE_METRICS else "train")
 
 
 def table_spec(study: dict, name: str) -> dict:
