@@ -45,7 +45,7 @@ def archive_of(configfiles: list[str]) -> Path:
 
 
 @dataclass(frozen=True)
-class SeedFiles:
+class FinishedSeed:
     """One finished seed's files, relative to a results root (or an archive of one)."""
 
     job: str  # study/setting/method
@@ -82,10 +82,10 @@ class SeedFiles:
         return None
 
 
-def finished_seeds(config: dict, root: Path) -> list[SeedFiles]:
+def finished_seeds(config: dict, root: Path) -> list[FinishedSeed]:
     """Every seed of ``config``'s train jobs that has a done-marker under ``root`` where a run of the config's
     current spec leaves it (fedrepro.report.progress.finished_seeds_folder: a tuned job's, under the choices its
-    stages wrote in ``root``), in job and seed order; whether its files match is ``SeedFiles.problem``'s."""
+    stages wrote in ``root``), in job and seed order; whether its files match is ``FinishedSeed.problem``'s."""
     seeds = []
     for study, spec in run_studies(config).items():
         for setting, method in grid_runs(spec):
@@ -96,7 +96,7 @@ def finished_seeds(config: dict, root: Path) -> list[SeedFiles]:
             for seed in spec["seeds"]:
                 marker = folder / f"seed{seed}.done.json"
                 if marker.is_file():
-                    seeds.append(SeedFiles(job, seed, marker.relative_to(root),
+                    seeds.append(FinishedSeed(job, seed, marker.relative_to(root),
                                            Path(study, "runs", setting, method, f"seed{seed}")))
     return seeds
 
@@ -136,11 +136,11 @@ class Outcome:
         return out
 
 
-def _seed_name(seed: SeedFiles) -> str:
+def _seed_name(seed: FinishedSeed) -> str:
     return f"{seed.job} seed {seed.seed}"
 
 
-def copy_seeds(seeds: list[SeedFiles], src: Path, dst: Path, overwrite: bool = False) -> Outcome:
+def copy_seeds(seeds: list[FinishedSeed], src: Path, dst: Path, overwrite: bool = False) -> Outcome:
     """Copy each finished seed in ``src`` to the same paths in ``dst``, the marker last; a seed whose files do not
     match its marker is refused (by name); one whose files ``dst`` holds already is left as it is where they are
     the same, and where they differ is kept (replaced with ``overwrite``)."""
