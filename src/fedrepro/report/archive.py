@@ -150,7 +150,8 @@ def copy_seeds(seeds: list[FinishedSeed], src: Path, dst: Path, overwrite: bool 
             outcome.refused.append(problem)
             continue
         files = seed.files(src)
-        if (dst / seed.marker).is_file() or any((dst / f).is_file() for f in files if f.parent == seed.run):
+        there = (dst / seed.marker).is_file() or any((dst / f).is_file() for f in files if f.parent == seed.run)
+        if there:
             if all(_same(src / f, dst / f) for f in files):
                 outcome.unchanged.append(_seed_name(seed))
                 continue
@@ -160,7 +161,7 @@ def copy_seeds(seeds: list[FinishedSeed], src: Path, dst: Path, overwrite: bool 
             (dst / seed.marker).unlink(missing_ok=True)  # first: a copy cut short leaves the seed unfinished
         for f in files:
             _copy(src / f, dst / f)
-        if _seed_name(seed) not in outcome.differing:
+        if not there:
             outcome.copied.append(_seed_name(seed))
     return outcome
 
@@ -199,8 +200,9 @@ def archive_problems(config: dict, archive: Path) -> list[str]:
     file no finished seed of the config's current specs holds (a seed of an older spec or choice), or an index
     that does not list exactly the seeds held."""
     seeds = finished_seeds(config, archive)
-    problems = [problem for seed in seeds if (problem := seed.problem(archive))]
-    held = {f for seed in seeds if not seed.problem(archive) for f in seed.files(archive)}
+    damaged = {seed: problem for seed in seeds if (problem := seed.problem(archive))}
+    problems = list(damaged.values())
+    held = {f for seed in seeds if seed not in damaged for f in seed.files(archive)}
     held |= set(stage_choices(config, archive)) | {Path(INDEX)}
     problems += [f"{p}: no finished seed of the config's current specs holds it"
                  for p in sorted(archive.rglob("*")) if p.is_file() and p.relative_to(archive) not in held]
