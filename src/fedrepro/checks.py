@@ -78,6 +78,24 @@ def tuning_problems(study: dict) -> Problems:
     for s, setting in study["settings"].items():
         if clash := sorted({f"training.{k}" for k in setting.get("training", {})} & chosen.get("*", set())):
             yield f"stages: settings.{s}", f"{clash} are set by the setting and chosen by a tuning stage; drop one"
+    if per := tuning.get("per"):
+        yield from _per_problems(study, per, chosen)
+
+
+def _per_problems(study: dict, per: str, chosen: dict[str, set[str]]) -> Problems:
+    """(key, problem) of a tuning chosen ``per`` a setting key: a setting that a tuned run trains on (a grid block
+    of a method some stage tunes: ``chosen``, '*' for every method) whose value of it no tuning setting has, as no
+    choice would be made for it."""
+    settings = study["settings"]
+    tuned_values = {str(settings[s][per]) for s in study["tuning"]["settings"] if s in settings}
+    for i, block in enumerate(study["grid"]):
+        tuned = [m for m in block["methods"] if "*" in chosen or m in chosen
+                 or study["methods"].get(m, {}).get("tuned_as") in chosen]
+        for s in block["settings"]:
+            if tuned and s in settings and str(settings[s][per]) not in tuned_values:
+                yield (f"per: grid.{i}", f"setting {s}'s {per} {settings[s][per]!r} has no tuning setting, so its "
+                       f"tuned runs ({', '.join(tuned)}) would have no choice; tuning settings' {per}s: "
+                       f"{sorted(tuned_values)}")
 
 
 def name_problem(kind: str, name: str) -> str | None:

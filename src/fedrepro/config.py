@@ -267,7 +267,8 @@ def tuning_stage_studies(name: str, study: dict) -> tuple[dict[str, tuple[dict, 
             grid=[{"settings": list(tuning["settings"]), "methods": list(stage["grids"])}])
         out[f"{name}{TUNING_SEPARATOR}{stage['name']}"] = (stage_study, copy.deepcopy(earlier))
         earlier.append({"study": name, "stage": stage["name"], "applies_to": stage["applies_to"],
-                        "methods": list(stage["grids"]), "metric": tuning["metric"]})
+                        "methods": list(stage["grids"]), "metric": tuning["metric"],
+                        **({"per": tuning["per"]} if tuning.get("per") else {})})
     return out, earlier
 
 

@@ -148,12 +148,15 @@ def choose_tuning(stage: dict, runs: Path, summary: Path, out_json: Path, out_cs
     """Score a tuning stage's grid points from its aggregated runs (checked against their sha256) and write the
     choice, the scores and their table (fedrepro.tuning)."""
     from fedrepro.report.integrity import read_checked_csv
-    from fedrepro.tuning import write_choice
+    from fedrepro.tuning import chosen_by_group, write_choice
 
     choice = write_choice(stage, read_checked_csv(runs), read_checked_csv(summary), Path(out_json), Path(out_csv),
                           Path(out_md))
-    for method, picked in choice["chosen"].items():
-        log(f"tuning stage {stage['stage']}: {method} takes {picked['values']} (score {picked['score']:.2f})")
+    for group, picks in chosen_by_group(choice).items():
+        where = "" if group is None else f" ({choice['per']} {group})"
+        for method, picked in picks.items():
+            log(f"tuning stage {stage['stage']}: {method}{where} takes {picked['values']} "
+                f"(score {picked['score']:.2f})")
 
 
 def finetune(spec: dict, runs_index: Path, source: Path, target: Path, checkpoint_dir: Path, index: Path,

@@ -37,12 +37,14 @@ def sweep_base(study: dict, method: str) -> str:
                  if any(v["method"] == method for v in variants)), method)
 
 
-def tuned_entries(study: dict, method: str) -> list[dict[str, str]]:
-    """The tuning stages whose choice a run of ``method`` (a study method or a swept variant of one) trains with:
-    (study, stage, and the method whose choice it takes, '*' for a stage that applies to all). A method with
-    ``tuned_as`` takes that method's choices, and so does each variant its `sweep` makes (the variant carries it)."""
+def tuned_entries(study: dict, setting: str, method: str) -> list[dict[str, str]]:
+    """The tuning stages whose choice a run of ``method`` (a study method or a swept variant of one) on ``setting``
+    trains with: (study, stage, the method whose choice it takes, '*' for a stage that applies to all, and for a
+    tuning chosen `per` a setting key, ``group``: the setting's value of it). A method with ``tuned_as`` takes that
+    method's choices, and so does each variant its `sweep` makes (the variant carries it)."""
     base = study["methods"].get(method, {}).get("tuned_as") or sweep_base(study, method)
-    return [{"study": t["study"], "stage": t["stage"], "method": "*" if t["applies_to"] == "all" else base}
+    return [{"study": t["study"], "stage": t["stage"], "method": "*" if t["applies_to"] == "all" else base,
+             **({"group": str(study["settings"][setting][t["per"]])} if t.get("per") else {})}
             for t in study.get("tuned_by", []) if t["applies_to"] == "all" or base in t["methods"]]
 
 
@@ -141,7 +143,7 @@ def run_spec(study: dict, setting: str, method: str) -> dict[str, Any]:
         # only async studies carry the key, so the specs (and checkpoint digests) of the others are unchanged
         **({"async": run_async(study, setting)} if study["federation"] == "async" else {}),
         # the tuning stages whose choice the job reads and applies before it trains (fedrepro.tuning)
-        **({"tuned": tuned} if (tuned := tuned_entries(study, method)) else {}),
+        **({"tuned": tuned} if (tuned := tuned_entries(study, setting, method)) else {}),
     }
 
 

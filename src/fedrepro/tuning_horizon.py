@@ -25,7 +25,7 @@ import pandas as pd
 from fedrepro.config import TUNING_SEPARATOR, add_configfile_option, command_config
 from fedrepro.report.derived import LAST_K_MAX, LAST_K_SD
 from fedrepro.study import ConfigError, unknown_name
-from fedrepro.tuning import TuningError, choose, point_scores, stage_params
+from fedrepro.tuning import TuningError, choose, chosen_by_group, point_scores, stage_params
 
 CURVE_METRICS = (LAST_K_MAX, LAST_K_SD)
 
@@ -44,25 +44,34 @@ def horizon_table(stage: dict, runs: pd.DataFrame, summary: pd.DataFrame, horizo
     scored = {}
     for horizon in [*sorted(set(horizons)), full]:
         scores = point_scores(stage, runs[runs["round"] <= horizon], summary)
-        scored[horizon] = (scores.set_index("variant")["score"], choose(stage, scores))
+        scored[horizon] = (scores, chosen_by_group({"per": stage.get("per"), "chosen": choose(stage, scores)}))
     full_scores, full_chosen = scored[full]
     rows = []
     for horizon, (scores, chosen) in scored.items():
-        for method, picked in chosen.items():
-            mine = [v for v, p in stage["variants"].items() if p["method"] == method]
-            ranks = scores[mine].rank(ascending=False, method="min")
-            rows.append({"horizon": horizon, "method": method, "chosen": picked["variant"],
-                         "score": picked["score"], "full_choice_rank": int(ranks[full_chosen[method]["variant"]]),
-                         "points": len(mine),
-                         "spearman": float(scores[mine].corr(full_scores[mine], method="spearman"))})
+        for group, picks in chosen.items():
+            for method, picked in picks.items():
+                mine = [v for v, p in stage["variants"].items() if p["method"] == method]
+                now, then = (_group_scores(frame, group)[mine] for frame in (scores, full_scores))
+                ranks = now.rank(ascending=False, method="min")
+                rows.append({"horizon": horizon, **({} if group is None else {"group": group}), "method": method,
+                             "chosen": picked["variant"], "score": picked["score"],
+                             "full_choice_rank": int(ranks[full_chosen[group][method]["variant"]]),
+                             "points": len(mine), "spearman": float(now.corr(then, method="spearman"))})
     return pd.DataFrame(rows)
+
+
+def _group_scores(scores: pd.DataFrame, group: str | None) -> pd.Series:
+    """Each grid point's score (by variant) in ``group`` of a stage chosen `per` a setting key, or of the stage."""
+    mine = scores if group is None else scores[scores["group"] == group]
+    return mine.set_index("variant")["score"]
 
 
 def _markdown(stage: dict, table: pd.DataFrame) -> str:
     lines = [f"## {stage['stage']}", "", "| rounds | method | chosen | score | full choice's rank | Spearman vs full |",
              "|---:|---|---|---:|---:|---:|"]
     for row in table.to_dict("records"):
-        lines.append(f"| {row['horizon']} | {row['method']} | {row['chosen']} | {row['score']:.2f} | "
+        who = row["method"] + (f" ({row['group']})" if isinstance(row.get("group"), str) else "")
+        lines.append(f"| {row['horizon']} | {who} | {row['chosen']} | {row['score']:.2f} | "
                      f"{row['full_choice_rank']} of {row['points']} | {row['spearman']:.2f} |")
     return "\n".join(lines) + "\n"
 

@@ -215,6 +215,67 @@ def test_the_choice_reaches_a_run_spec_and_its_fingerprint(tmp_path):
         apply_choices({**spec, "tuned": [{"study": "s", "stage": "server", "method": "q"}]}, {("s", "server"): out})
 
 
+def test_a_tuning_per_model_chooses_for_each_model_from_its_own_settings_and_a_run_takes_its_models(tmp_path):
+    """Feddle's App. D tunes on CIFAR-10 for each architecture and applies the choice to every data set with that
+    architecture: a stage chosen `per: model` scores each point over the tuning settings of one model only, and a
+    run takes the choice of its own setting's model."""
+    stage = {**STAGE, "per": "model", "groups": {"cnn": ["a"], "mlp": ["b"]}}
+    runs, summary = frames({"m-x1": [60, 62, 70, 72], "m-x2": [61, 63, 71, 77], "m-x3": [90, 90, 10, 10],
+                            "n-y1": [50, 50, 50, 50]})
+    scores = point_scores(stage, runs, summary)
+    assert scores.set_index(["group", "variant"])["score"].to_dict() == {
+        ("cnn", "m-x1"): 61.0, ("cnn", "m-x2"): 62.0, ("cnn", "m-x3"): 90.0, ("cnn", "n-y1"): 50.0,
+        ("mlp", "m-x1"): 71.0, ("mlp", "m-x2"): 74.0, ("mlp", "m-x3"): 10.0, ("mlp", "n-y1"): 50.0}
+    # over both settings together m-x2 would win (68 against 50): each model has its own winner
+    assert {g: picks["m"]["variant"] for g, picks in choose(stage, scores).items()} == {"cnn": "m-x3", "mlp": "m-x2"}
+
+    out = tmp_path / "server.json"
+    write_choice(stage, runs, summary, out, tmp_path / "server.csv", tmp_path / "server.md")
+    choice = json.loads(out.read_text())
+    assert choice["per"] == "model" and choice["groups"] == {"cnn": ["a"], "mlp": ["b"]}
+    table = (tmp_path / "server.md").read_text()
+    assert "## m, model cnn" in table and "| **3** | **90.00** | **90.00** | **0 of 2** |" in table
+    assert "## m, model mlp" in table and "| **2** | **74.00** | **74.00** | **0 of 2** |" in table
+    spec = {"study": "s", "setting": "b", "method": "m", "hparams": {"x": 0},
+            "tuned": [{"study": "s", "stage": "server", "method": "m", "group": "mlp"}]}
+    on_mlp = apply_choices(spec, {("s", "server"): out})
+    assert on_mlp["hparams"] == {"x": 2} and on_mlp["tuned"][0]["group"] == "mlp"
+    on_cnn = apply_choices({**spec, "tuned": [{**spec["tuned"][0], "group": "cnn"}]}, {("s", "server"): out})
+    assert on_cnn["hparams"] == {"x": 3} and tuned_digest(on_cnn) != tuned_digest(on_mlp)
+    with pytest.raises(TuningError, match="no choice for model 'vit' .*needs a tuning setting of its model"):
+        apply_choices({**spec, "tuned": [{**spec["tuned"][0], "group": "vit"}]}, {("s", "server"): out})
+
+
+def _two_models(tuned_on: list[str]):
+    def edit(study):
+        study["settings"]["iid-lenet"] = {**study["settings"]["iid"], "label": "digits IID, LeNet", "model": "lenet5"}
+        study["grid"] = [{"settings": ["iid", "iid-lenet"], "methods": ["fedavg", "fedprox"]}]
+        study["tuning"].update(settings=tuned_on, per="model")
+    return edit
+
+
+def test_a_run_of_a_tuning_per_model_names_its_settings_model_and_a_model_without_tuning_setting_is_refused():
+    study = yaml.safe_load(STUDY.read_text())
+    _two_models(["iid", "iid-lenet"])(study)
+    config = resolved(study)
+    own, clients = config["studies"]["tiny"], config["tuning_studies"]["tiny--tune-clients"]
+    assert run_spec(own, "iid-lenet", "fedprox")["tuned"] == [
+        {"study": "tiny", "stage": "clients", "method": "*", "group": "lenet5"},
+        {"study": "tiny", "stage": "prox", "method": "fedprox", "group": "lenet5"}]
+    assert run_spec(own, "iid", "fedavg")["tuned"] == [{"study": "tiny", "stage": "clients", "method": "*",
+                                                         "group": "simple_cnn"}]
+    assert "tuned" not in run_spec(clients, "iid-lenet", "fedavg-lr0.1")
+    prox = config["tuning_studies"]["tiny--tune-prox"]
+    assert run_spec(prox, "iid", "fedprox-mu1.0")["tuned"][0]["group"] == "simple_cnn"
+
+    study = yaml.safe_load(STUDY.read_text())
+    _two_models(["iid"])(study)
+    with pytest.raises(ConfigError, match=_escaped("tuning.per: grid.0: setting iid-lenet's model 'lenet5' has no "
+                                                   "tuning setting, so its tuned runs (fedavg, fedprox) would have no "
+                                                   "choice; tuning settings' models: ['simple_cnn']")):
+        resolved(study)
+
+
 # ---------------------------------------------------------------- through Snakemake
 
 
@@ -324,7 +385,7 @@ def test_the_papers_own_grids_run_at_paper_scale_and_every_variant_of_a_tuned_me
 
     config = command_config([str(REPO / "config" / "paper.yaml"), str(REPO / "config" / "paper-tuned.yaml")])
     plain = command_config([str(REPO / "config" / "paper.yaml")])["studies"]
-    assert sorted(config["studies"]) == ["feddisco", "fedgtst", "fedl2g"]
+    assert sorted(config["studies"]) == ["feddisco", "feddle", "fedgtst", "fedl2g"]
     assert config["results_dir"] == "results/paper-tuned"
     eta = [0.01, 0.05, 0.1, 0.5, 1.0, 10.0, 50.0, 100.0, 500.0]
     beta = [0.3, 0.5, 0.7, 0.9]  # FedAvgM's dampening tied to it (same_as), as FedDisco's code has it
@@ -366,6 +427,54 @@ def test_the_papers_own_grids_run_at_paper_scale_and_every_variant_of_a_tuned_me
     paper_shapes = {group.key for group in job_groups(command_config([str(REPO / "config" / "paper.yaml")]))}
     assert {shape_key(run_spec(study, s, m)) for study in run_studies(config).values()
             for s, m in grid_runs(study)} <= paper_shapes
+
+
+def test_feddles_app_d_protocol_runs_at_paper_scale_chosen_for_each_architecture_on_its_cifar10_columns():
+    """config/paper-tuned.yaml's Feddle: the clients' Adam lr and epochs on FedAvg, then App. D's grid of each
+    method, chosen `per: model` on CIFAR-10's D(0.1) columns of the CNN, ResNet18 and ViT; every run of the study
+    takes its own model's choices, a Table 3 / Fig. 8-9 variant those of Feddle-ID or Feddle-OOD, and sets none of
+    the chosen values itself."""
+    from fedrepro.config import command_config
+
+    config = command_config([str(REPO / "config" / "paper.yaml"), str(REPO / "config" / "paper-tuned.yaml")])
+    study = config["studies"]["feddle"]
+    assert study["tuning"]["per"] == "model" and set(study["tuning"]["seeds"]).isdisjoint(study["seeds"])
+    tuning_settings = ["c10-d01-n5", "c10-d01-n20", "c10-r18-d01-n5", "c10-r18-d01-n20", "c10-vit-d01-n5",
+                       "c10-vit-d01-n20"]
+    assert {study["settings"][s]["dataset"] for s in tuning_settings} == {"cifar10"}
+    server = {"hparams.lr": [1.0e-5, 1.0e-4, 1.0e-3], "hparams.epochs": [1, 10, 20]}
+    buffered = {"hparams.server_lr": [0.01, 0.1, 1.0], "hparams.buffer_size": [10, 20, 50]}
+    grids = {"clients": ("fedavg", {"training.lr": [1.0e-4, 3.0e-4, 1.0e-3, 3.0e-3],
+                                    "training.local_epochs": [1, 2, 5, 10]}),
+             "server_fedasync": ("fedasync", {"hparams.a": [0.1, 0.5, 0.9], "hparams.alpha": [0.2, 0.4, 0.8]}),
+             "server_fedbuff": ("fedbuff", buffered), "server_ca2fl": ("ca2fl", buffered),
+             "server_center": ("center", {"hparams.lr": [1.0e-5, 1.0e-4, 1.0e-3], "hparams.epochs": [10, 20, 50]}),
+             "server_fedft": ("fedft", server), "server_feddle": ("feddle", server),
+             "server_feddle_ood": ("feddle-reg-ood", server), "server_feddf_id": ("feddf-id", server),
+             "server_feddf_ood": ("feddf-ood", server)}
+    for name, (method, grid) in grids.items():
+        stage = config["tuning_studies"][f"feddle--tune-{name}"]
+        assert list(stage["settings"]) == tuning_settings, name
+        points = stage["sweeps"][method]
+        assert {k: list(dict.fromkeys(p["values"][k] for p in points)) for k in points[0]["values"]} == grid, name
+        assert len(points) == math.prod(map(len, grid.values())), name  # every combination
+    stage_of = {method: name for name, (method, _) in grids.items() if name != "clients"}
+    tuned_as = {m: spec["tuned_as"] for m, spec in study["methods"].items() if spec.get("tuned_as")}
+    assert {m for m, like in tuned_as.items() if like == "feddle-reg-ood"} == {
+        m for m in study["methods"] if m.startswith("feddle") and m.endswith("-ood") and m != "feddle-reg-ood"}
+    models = set()
+    for setting, method in grid_runs(study):
+        spec = run_spec(study, setting, method)
+        group = spec["model"]
+        models.add(group)
+        like = tuned_as.get(method, method)
+        expected = [{"study": "feddle", "stage": "clients", "method": "*", "group": group}]
+        if like in stage_of:
+            expected.append({"study": "feddle", "stage": stage_of[like], "method": like, "group": group})
+            assert not {k.split(".")[1] for k in grids[stage_of[like]][1]} & set(spec["hparams"]), method
+        assert spec["tuned"] == expected, (setting, method)
+        assert spec["training"]["optimizer"] == "adam" and spec["training"]["momentum"] == 0.0, (setting, method)
+    assert models == {study["settings"][s]["model"] for s in tuning_settings}  # every model has its choice
 
 
 # ---------------------------------------------------------------- the runs' archive: a new machine resumes
@@ -477,3 +586,17 @@ def test_a_stage_cut_at_a_shorter_horizon_scores_each_point_on_its_curve_up_to_t
         horizon_table(stage, runs, summary, [40])
     with pytest.raises(TuningError, match="'best_acc' is not read off the curve"):
         horizon_table(STAGE, runs, summary, [20])
+
+
+def test_a_stage_chosen_per_model_is_cut_for_each_model_on_its_own_settings():
+    from fedrepro.tuning_horizon import horizon_table
+
+    stage, runs, summary = curves({"m-x1": [50, 60, 61, 61], "m-x2": [30, 40, 50, 65], "m-x3": [10, 20, 60, 70],
+                                   "n-y1": [5, 6, 7, 8]})
+    on_b = (runs["setting"] == "b") & (runs["method"] == "m-x1")
+    runs.loc[on_b, "test_acc"] += 20  # on model mlp's setting m-x1 leads at every round
+    stage = {**stage, "per": "model", "groups": {"cnn": ["a"], "mlp": ["b"]}}
+    table = horizon_table(stage, runs, summary, [20]).set_index(["horizon", "group", "method"])
+    assert table.loc[(40, "cnn", "m"), "chosen"] == "m-x3" and table.loc[(20, "cnn", "m"), "full_choice_rank"] == 3
+    assert table.loc[(40, "mlp", "m"), "chosen"] == table.loc[(20, "mlp", "m"), "chosen"] == "m-x1"
+    assert table.loc[(20, "mlp", "m"), "full_choice_rank"] == 1
