@@ -87,16 +87,17 @@ def point_scores(stage: dict, runs: pd.DataFrame, summary: pd.DataFrame) -> pd.D
     spec = {"name": f"tuning stage {stage['stage']}", "metric": metric, "columns": [{}]}
     values = add_derived(spec, summary, runs)
     key = metric_key(spec, {})
+    for variant in stage["variants"]:
+        mine = values[values["method"] == variant]
+        have = {(str(s), int(seed)) for s, seed in zip(mine["setting"], mine["seed"], strict=True)}
+        missing = sorted({(s, seed) for s in settings for seed in seeds} - have)
+        if missing:
+            raise TuningError(f"tuning stage {stage['stage']}: grid point {variant} has no run of "
+                              f"{', '.join(f'{s} seed {seed}' for s, seed in missing)}")
     rows = []
     for group, group_settings in stage_groups(stage).items():
         for variant, point in stage["variants"].items():
-            mine = values[values["method"] == variant]
-            have = {(str(s), int(seed)) for s, seed in zip(mine["setting"], mine["seed"], strict=True)}
-            missing = sorted({(s, seed) for s in settings for seed in seeds} - have)
-            if missing:
-                raise TuningError(f"tuning stage {stage['stage']}: grid point {variant} has no run of "
-                                  f"{', '.join(f'{s} seed {seed}' for s, seed in missing)}")
-            mine = mine[mine["setting"].astype(str).isin(group_settings)]
+            mine = values[(values["method"] == variant) & values["setting"].astype(str).isin(group_settings)]
             diverged = int((mine["status"] == "diverged").sum())
             finished = mine[mine["status"] != "diverged"]
             score = math.nan if diverged else float(finished[key].mean())
