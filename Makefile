@@ -15,7 +15,7 @@ $(error KERNELS=$(KERNELS): one of native, avx2, sse41)
 endif
 WITH_KERNELS := env $(KERNELS_$(KERNELS))
 
-.PHONY: run test browser fashion-mnist laptop-full laptop-feddle-600 laptop-feddle-table5 \
+.PHONY: run test test-durations browser fashion-mnist laptop-full laptop-feddle-600 laptop-feddle-table5 \
 	laptop-feddle-table5-d01 laptop-feddle-table5-d03 laptop-feddle-table5-widths snapshot-laptop-full snapshot-laptop-feddle-table5-parts \
 	runs-save runs-restore lint bench \
 	kernel-check cost preflight clean-results \
@@ -34,8 +34,17 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 run: $(VENV)/.installed fashion-mnist
 	$(WITH_KERNELS) $(BIN)/snakemake --cores $(CORES) --report results/report.html --report-after-run
 
+# one worker per core; a test file's tests stay on one worker (its module fixtures, such as the SLURM cluster, start
+# once), and files are dealt longest first (tests/conftest.py orders them by tests/durations.json)
+TEST_WORKERS ?= $(CORES)
+PYTEST_WORKERS = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: $(VENV)/.installed browser fashion-mnist
-	$(WITH_KERNELS) $(BIN)/python -m pytest -q -n $(CORES) --dist loadfile
+	$(WITH_KERNELS) $(BIN)/python -m pytest -q $(PYTEST_WORKERS)
+
+# the suite once more, its seconds per test file written to tests/durations.json (the order `make test` deals them
+# in): after adding or growing a long test
+test-durations: $(VENV)/.installed browser fashion-mnist
+	$(BIN)/python -m pytest -q $(PYTEST_WORKERS) --durations=0 | $(BIN)/python tests/support/durations.py
 
 # Headless Chromium for tests/report/test_report_browser.py: installed with apt-get where missing and we are root
 # (CI); elsewhere that test is skipped with the reason.

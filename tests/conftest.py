@@ -11,6 +11,19 @@ import pytest
 from support.common import REPO
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """The longest files first (tests/durations.json; a file not in it counts 0 s). `make test` hands whole files
+    to its workers in collection order (--dist loadfile --no-loadscope-reorder), so a long file dealt last would
+    leave the other cores idle until it ends: longest first, the workers finish together. The sort is stable, so a
+    file's tests keep their order; only the order depends on the file, never a verdict."""
+    import json
+
+    from support.durations import DURATIONS, order_of
+
+    seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    items.sort(key=lambda item: order_of(item.nodeid, seconds))
+
+
 def pytest_report_header(config) -> str:
     """Which of torch's CPU kernels the suite runs (Makefile, KERNELS): the second pass CI makes runs another set."""
     import torch
