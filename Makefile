@@ -36,8 +36,7 @@ run: $(VENV)/.installed fashion-mnist
 
 # one worker per core; a test file's tests stay on one worker (its module fixtures, such as the SLURM cluster, start
 # once), and files are dealt longest first (tests/conftest.py orders them by tests/durations.json)
-TEST_WORKERS ?= $(CORES)
-PYTEST_WORKERS = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+PYTEST_WORKERS = -n $(CORES) --dist loadfile --no-loadscope-reorder
 test: $(VENV)/.installed browser fashion-mnist
 	$(WITH_KERNELS) $(BIN)/python -m pytest -q $(PYTEST_WORKERS)
 

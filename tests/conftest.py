@@ -16,11 +16,9 @@ def pytest_collection_modifyitems(config, items) -> None:
     to its workers in collection order (--dist loadfile --no-loadscope-reorder), so a long file dealt last would
     leave the other cores idle until it ends: longest first, the workers finish together. The sort is stable, so a
     file's tests keep their order; only the order depends on the file, never a verdict."""
-    import json
+    from support.durations import measured_seconds, order_of
 
-    from support.durations import DURATIONS, order_of
-
-    seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    seconds = measured_seconds()
     items.sort(key=lambda item: order_of(item.nodeid, seconds))
 
 

@@ -17,6 +17,11 @@ DURATIONS = Path(__file__).resolve().parents[1] / "durations.json"
 DURATION_LINE = re.compile(r"^(\d+(?:\.\d+)?)s (?:setup|call|teardown)\s+(tests/\S+?\.py)::")
 
 
+def measured_seconds() -> dict[str, float]:
+    """tests/durations.json as committed (no file: every file counts 0 s)."""
+    return json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+
+
 def order_of(nodeid: str, seconds: dict[str, float]) -> float:
     """The sort key of a test in the suite: its file's seconds, negated (longest first; a file not measured: 0)."""
     return -seconds.get(nodeid.split("::")[0], 0.0)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
-
-from support.durations import DURATIONS, order_of, seconds_per_file
+from support.durations import DURATIONS, measured_seconds, order_of, seconds_per_file
 
 REPORT = """\
 ============================= slowest durations ==============================
@@ -32,7 +30,7 @@ def test_the_longest_file_goes_first_and_each_file_keeps_its_tests_in_order():
 
 
 def test_the_committed_durations_are_seconds_of_files_that_exist():
-    seconds = json.loads(DURATIONS.read_text())
+    seconds = measured_seconds()
     assert seconds and all(isinstance(s, int | float) and s >= 0 for s in seconds.values())
     missing = [path for path in seconds if not (DURATIONS.parents[1] / path).is_file()]
     assert not missing, f"tests/durations.json names files that are gone (`make test-durations`): {missing}"
