@@ -188,7 +188,9 @@ def test_the_gradient_cosine_in_chunks_equals_one_batch(data8, ood8):
             feddle.batch_size = batch_size
             cosines[batch_size] = feddle.gradient_cosine(w, anchors, c, feddle.server_ce, 1)
     torch.testing.assert_close(loss_chunked, loss)
-    torch.testing.assert_close(grad_chunked, grad, rtol=1e-5, atol=1e-7)
+    # float32 sums in another order differ by a few ulps of the largest term, so the absolute tolerance scales
+    # with the gradient: its 3rd entry is ~1e-3 of the 1st, and a CPU with other kernels moved it by 1.4e-7.
+    torch.testing.assert_close(grad_chunked, grad, rtol=1e-5, atol=1e-6 * grad.norm().item())
     assert cosines[7] == pytest.approx(cosines[len(idx)], abs=1e-6) and abs(cosines[7]) < 0.99
 
 
