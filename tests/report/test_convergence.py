@@ -198,11 +198,13 @@ def test_a_fine_tuning_cell_from_the_best_pre_trained_model_is_judged_by_the_bes
 def test_laptop_full_judges_figure_only_runs_by_their_figures_number_or_not_at_all():
     from support.common import laptop_full_config
 
-    from fedrepro.config import resolve_config
+    from fedrepro.config import REPO, merge_configfiles, resolve_config
     from fedrepro.report.figure_kinds import figure_spec
     from fedrepro.report.table_sources import table_spec
 
     studies = resolve_config(laptop_full_config())["studies"]
+    studies |= resolve_config(merge_configfiles("config/config.yaml", "config/laptop-feddle-table5.yaml",
+                                                root=REPO))["studies"]
 
     def rules(name):
         study = studies[name]
@@ -216,9 +218,9 @@ def test_laptop_full_judges_figure_only_runs_by_their_figures_number_or_not_at_a
     grid = [k for k in disco if k[1].startswith("fedavg-disco-grid-")]
     assert len(grid) == 4 and all(disco[k] == [BEST_OVER_ROUNDS] for k in grid)
     # Feddle's Fig. 2 draws update cosines of its no-delay runs over 16 rounds: no number of theirs is reported
-    feddle = rules("feddle")
+    feddle = rules("feddle-table5")
     assert not [k for k in feddle if k[0].endswith("-sync")]
-    assert feddle[("d01-n5", "fedavg")] == [LAST_K_MAX]
+    assert feddle[("fm-d01-n5", "fedavg")] == [LAST_K_MAX]
 
 
 def test_a_run_ended_by_early_stopping_is_named_apart():

@@ -1,9 +1,9 @@
 """A refactor of the report must not change what it renders. Every table of every shipped config (the embedded
-default, paper, laptop-full, Feddle's 600-round baselines and the own-study example) is rendered from made-up
-results (tests/support/synthetic_results.py) through the table job's own path (table_sources.table_spec,
-pipeline.table),
-and every figure's job spec, inputs and caption are taken as the workflow builds them (figure_kinds.figure_spec,
-figure_inputs, figure_caption); the digests of all of it must equal tests/data/rendered_digests.json.
+default, paper, laptop-full, Feddle's 600-round baselines and Table 5 study, and the own-study example) is
+rendered from made-up results (tests/support/synthetic_results.py) through the table job's own path
+(table_sources.table_spec, pipeline.table), and every figure's job spec, inputs and caption are taken as the
+workflow builds them (figure_kinds.figure_spec, figure_inputs, figure_caption); the digests of all of it
+must equal tests/data/rendered_digests.json.
 
 A change that is meant to move a table or a figure's spec regenerates the file, and its diff names what moved:
 
@@ -27,6 +27,7 @@ CONFIGS = {
     "paper": ["config/config.yaml", "config/paper.yaml"],
     "laptop-full": ["config/config.yaml", "config/laptop-full.yaml"],
     "laptop-feddle-600": ["config/config.yaml", "config/laptop-feddle-600.yaml"],
+    "laptop-feddle-table5": ["config/config.yaml", "config/laptop-feddle-table5.yaml"],
     "own-study": ["config/config.yaml", "config/examples/own-study.yaml"],
 }
 

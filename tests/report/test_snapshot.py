@@ -20,6 +20,7 @@ from fedrepro.report.snapshot import (
     finished_seeds_folder,
     main,
     parts_problems,
+    prune,
     refresh,
     run_digests,
     snapshot,
@@ -320,13 +321,48 @@ def test_a_refresh_replaces_one_studys_files_and_keeps_every_other_studys_run(tm
     assert not (out / "feddisco/tables/older.md").exists()
     card = (out / "scorecard.md").read_text()
     assert "cells of feddisco second" in card and "plateaus of feddisco first" not in card
-    assert "cells of fedl2g first" in card and "all studies (embedded scale): 5 / 50." in card
+    assert "cells of fedl2g first" in card and "all studies (embedded scale): 4 / 40." in card
     readme = (out / "README.md").read_text()
     assert "- feddisco: commit `new`\n  - wall time: 2 h" in readme
-    assert "- fedl2g, fedgtst, feddle, feddle-fmnist: commit `old`\n  - wall time: 4 h" in readme
+    assert "- fedl2g, fedgtst, feddle-fmnist: commit `old`\n  - wall time: 4 h" in readme
     jobs = len(run_digests(only))
     assert f"| feddisco | {jobs} | {jobs * 0.5:.2f} |" in readme and "Other CPU (AVX2): 123 runs" in readme
     assert stale_runs(config, json.loads((out / "runs.json").read_text()), out) == []
+
+
+def test_a_prune_drops_the_studies_the_config_no_longer_has_and_keeps_every_other_run(tmp_path):
+    config = resolve_config(laptop_full_config())
+    fake_run(tmp_path / "all", config, tag="first")
+    out = tmp_path / "snap"
+    snapshot(config, tmp_path / "all", out, ["config/laptop-full.yaml"], "4 h", commit="old")
+    kept = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.parts[len(out.parts)] == "fedl2g"}
+    fewer = {**config, "studies": {s: v for s, v in config["studies"].items() if s != "fedgtst"}}
+    prune(fewer, out, ["config/laptop-full.yaml"])
+    assert not (out / "fedgtst").exists()
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.parts[len(out.parts)] == "fedl2g"} == kept
+    card = (out / "scorecard.md").read_text()
+    n = len(fewer["studies"])
+    assert "## fedgtst" not in card and "## fedl2g" in card
+    assert f"all studies (embedded scale): {n} / {10 * n}." in card
+    assert sorted(json.loads((out / "provenance.json").read_text())) == sorted(fewer["studies"])
+    assert stale_runs(fewer, json.loads((out / "runs.json").read_text()), out) == []
+    assert not any(job.startswith("fedgtst/") for job in json.loads((out / "runs.json").read_text()))
+    assert "fedgtst" not in (out / "README.md").read_text()
+    with pytest.raises(SystemExit, match="nothing to drop"):
+        prune(fewer, out, ["config/laptop-full.yaml"])
+
+
+def test_a_prune_of_a_snapshot_missing_a_kept_file_changes_nothing(tmp_path):
+    config = resolve_config(laptop_full_config())
+    fake_run(tmp_path / "all", config)
+    out = tmp_path / "snap"
+    snapshot(config, tmp_path / "all", out, ["config/laptop-full.yaml"], "4 h", commit="old")
+    (out / "fedl2g/tables/table1.md").unlink()
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    fewer = {**config, "studies": {s: v for s, v in config["studies"].items() if s != "fedgtst"}}
+    with pytest.raises(SystemExit, match="fedl2g/tables/table1.md: missing"):
+        prune(fewer, out, ["c.yaml"])
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
 def test_a_refresh_from_an_incomplete_run_changes_nothing_and_names_what_is_missing(tmp_path):

@@ -163,15 +163,17 @@ def test_table5_center_runs_once_per_data_set_and_fills_its_columns_beside_the_p
         assert ("Table 5", "Center", f"{data_set} | CNN | all settings (single value)") in shown_keys(study)
 
 
-def test_laptop_table5_center_is_one_run_for_both_columns():
-    from support.common import laptop_full_config
+def test_laptop_table5_center_is_one_run_for_all_four_columns():
+    """Center samples no client: one run fills the four columns of Table 5 (its other settings' runs only draw
+    the curves), so the -d01/-d03 parts, which run a table's runs, train it once."""
+    from fedrepro.config import merge_configfiles
+    from fedrepro.study import table_cell_setting, table_runs
 
-    from fedrepro.study import grid_runs, table_cell_setting
-
-    study = resolve_config(laptop_full_config())["studies"]["feddle"]
-    assert [s for s, m in grid_runs(study) if m == "center"] == ["d01-n20"]
-    center = next(r for r in study["tables"]["table5"]["rows"] if r["method"] == "center")
-    assert {table_cell_setting(center, c) for c in study["tables"]["table5"]["columns"]} == {"d01-n20"}
+    config = resolve_config(merge_configfiles("config/config.yaml", "config/laptop-feddle-table5.yaml", root=REPO))
+    table5 = config["studies"]["feddle-table5"]["tables"]["table5"]
+    assert [s for s, m in table_runs(table5) if m == "center"] == ["fm-d01-n20"]
+    center = next(r for r in table5["rows"] if r["method"] == "center")
+    assert len(table5["columns"]) == 4 and {table_cell_setting(center, c) for c in table5["columns"]} == {"fm-d01-n20"}
 
 
 @pytest.mark.parametrize("shared, message", [

@@ -19,6 +19,11 @@ replaces one study's files (a change that moves only its numbers) from a complet
 (``snakemake --configfile config/laptop-full.yaml --config 'studies_only=["feddisco"]'``): its tables, figures,
 scorecard section, digests and provenance; every other study's files stay those of their own complete run.
 
+    python -m fedrepro.report.snapshot --configfile config/laptop-full.yaml --out docs/results/laptop-full --prune
+
+drops the studies the config no longer has (their tables, figures, scorecard sections, digests and provenance);
+every study kept stays its own complete run, unchanged.
+
     python -m fedrepro.report.snapshot --configfile config/laptop-feddle-table5.yaml \
         --out docs/results/laptop-feddle-table5 --parts
 
@@ -368,16 +373,10 @@ def scorecard_sections(text: str) -> tuple[list[str], dict[str, list[str]]]:
     return preamble, sections
 
 
-def splice_scorecard(old: str, new: str, studies: list[str]) -> str:
-    """``old`` scorecard with the sections of ``studies`` taken from ``new`` (a scorecard of those studies alone)
-    and the all-studies count of published cells shown summed again from the sections' own counts. The rest of
-    the preamble depends on the config alone (which tables compare levels), not on any run's numbers."""
-    preamble, sections = scorecard_sections(old)
-    _, fresh = scorecard_sections(new)
-    for study in studies:
-        if study not in fresh:
-            raise SystemExit(f"the run's scorecard has no section for {study!r}: nothing copied")
-        sections[study] = fresh[study]
+def joined_scorecard(preamble: list[str], sections: dict[str, list[str]]) -> str:
+    """A scorecard from its preamble and study sections, the all-studies count of published cells shown summed
+    again from the sections' own counts. The rest of the preamble depends on the config alone (which tables
+    compare levels), not on any run's numbers."""
     shown = [re.search(r"^Published cells shown: (\d+) / (\d+)\.$", "\n".join(lines), re.M)
              for lines in sections.values()]
     if all(shown):
@@ -385,6 +384,17 @@ def splice_scorecard(old: str, new: str, studies: list[str]) -> str:
         preamble = [re.sub(r"^(Published cells shown, all studies[^:]*): \d+ / \d+\.$",
                            lambda m: f"{m[1]}: {total[0]} / {total[1]}.", line) for line in preamble]
     return "\n".join(preamble + [line for lines in sections.values() for line in lines])
+
+
+def splice_scorecard(old: str, new: str, studies: list[str]) -> str:
+    """``old`` scorecard with the sections of ``studies`` taken from ``new`` (a scorecard of those studies alone)."""
+    preamble, sections = scorecard_sections(old)
+    _, fresh = scorecard_sections(new)
+    for study in studies:
+        if study not in fresh:
+            raise SystemExit(f"the run's scorecard has no section for {study!r}: nothing copied")
+        sections[study] = fresh[study]
+    return joined_scorecard(preamble, sections)
 
 
 def refresh(config: dict, results: Path, out: Path, studies: list[str], configfiles: list[str], wall_time: str,
@@ -421,6 +431,29 @@ def refresh(config: dict, results: Path, out: Path, studies: list[str], configfi
     return written + [out / SCORECARD] + _write_index(config, out, configfiles, provenance, digests)
 
 
+def prune(config: dict, out: Path, configfiles: list[str]) -> list[Path]:
+    """Drop from the complete snapshot ``out`` the studies that ``config`` no longer has: their folders, scorecard
+    sections, train jobs' digests and provenance. Every study kept stays the complete run it was; refused, with
+    nothing changed, unless what is kept is whole and of the config as it is."""
+    provenance = json.loads((out / PROVENANCE).read_text())
+    digests = json.loads((out / RUNS).read_text())
+    gone = sorted(set(provenance) - set(config["studies"]))
+    if not gone:
+        raise SystemExit(f"--prune: {out} holds no study the config lacks; nothing to drop")
+    problems = snapshot_problems(config, out) + stale_runs(config, digests, out)
+    problems += [f"{out}: no provenance for {s!r}" for s in config["studies"] if s not in provenance]
+    if problems:
+        raise SystemExit("not a complete snapshot of what is kept, nothing dropped:\n  " + "\n  ".join(problems))
+    preamble, sections = scorecard_sections((out / SCORECARD).read_text())
+    for study in gone:
+        shutil.rmtree(out / study, ignore_errors=True)
+        sections.pop(study, None)
+        del provenance[study]
+    digests = {job: d for job, d in digests.items() if job.split("/", 1)[0] in config["studies"]}
+    (out / SCORECARD).write_text(joined_scorecard(preamble, sections))
+    return [out / SCORECARD] + _write_index(config, out, configfiles, provenance, digests)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_configfile_option(parser)
@@ -432,16 +465,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--refresh", nargs="+", metavar="STUDY",
                         help="replace only these studies' files in the existing snapshot --out, from a complete run "
                              "of them alone (--config studies_only=[...]); the others stay as they are")
+    parser.add_argument("--prune", action="store_true",
+                        help="drop from the snapshot --out the studies the config no longer has")
     parser.add_argument("--parts", action="store_true",
                         help="copy what a study run in parts has finished so far (its tuning stages, its tables from "
                              "the jobs finished) into --out")
     args = parser.parse_args(argv)
-    if not args.parts and not (args.wall_time or "").strip():
+    if not (args.parts or args.prune) and not (args.wall_time or "").strip():
         parser.error("--wall-time is empty: give the run's measured wall time (WALL_TIME=... with make)")
     config = command_config(args.configfile)
     results = args.results or Path(config["results_dir"])
     results = results if results.is_absolute() else REPO / results
-    if args.parts:
+    if args.prune:
+        written = prune(config, args.out, args.configfile)
+    elif args.parts:
         written = snapshot_parts(config, results, args.out, args.configfile, args.commit)
     elif args.refresh:
         written = refresh(config, results, args.out, args.refresh, args.configfile, args.wall_time, args.commit)
