@@ -22,6 +22,7 @@ from fedrepro.report.snapshot import (
     parts_problems,
     prune,
     refresh,
+    relinked,
     run_digests,
     snapshot,
     snapshot_files,
@@ -85,6 +86,27 @@ def test_a_complete_run_is_copied_with_where_it_came_from(tmp_path, config):
     assert "| feddisco | 2 | 0.50 |" in readme and "| all | | 0.50 |" in readme  # 2 x 900 s
     assert "(feddisco/tables/table1.md)" in readme and "(feddisco/figures/curves.png)" in readme
     assert stale_runs(config, json.loads((out / "runs.json").read_text()), out) == []
+
+
+def test_a_copied_tables_links_out_of_the_run_still_reach_their_files(tmp_path, config, monkeypatch):
+    """A table links docs/deviations.md relative to where it was rendered (results/<root>/<study>/tables/); its copy
+    sits elsewhere (docs/results/<root>/...), so the link is rewritten to reach the same file from there."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs/deviations.md").write_text("rows")
+    results = tmp_path / "results/root"
+    fake_run(results, config)
+    table = results / "feddisco/tables/table1.md"
+    table.write_text("[D-x](../../../../docs/deviations.md#d-x), [plain](https://example.org/a.md), "
+                     "[sibling](table2.md), ![fig](../figures/curves.png)")
+    assert (table.parent / "../../../../docs/deviations.md").resolve().is_file()
+    out = tmp_path / "docs/results/root"
+    snapshot(config, results, out, ["c.yaml"], "1 h", commit="abc")
+    copied = (out / "feddisco/tables/table1.md").read_text()
+    assert copied == ("[D-x](../../../../deviations.md#d-x), [plain](https://example.org/a.md), "
+                      "[sibling](table2.md), ![fig](../figures/curves.png)")
+    assert (out / "feddisco/tables/../../../../deviations.md").resolve().is_file()
+    assert relinked(copied, out / "feddisco/tables", out / "feddisco/tables", out) == copied  # already in place
 
 
 def test_a_run_missing_a_figure_or_of_another_spec_is_refused_by_name_and_nothing_is_copied(tmp_path, config):

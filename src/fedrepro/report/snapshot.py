@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -55,6 +56,37 @@ SCORECARD = Path("scorecard.md")
 MANIFEST = "README.md"
 RUNS = "runs.json"
 PROVENANCE = "provenance.json"
+
+
+_LINK = re.compile(r"(\]\()([^)\s#]+)(#[^)\s]*)?(\))")  # a Markdown link's target: ](path#anchor)
+
+
+def relinked(text: str, src_dir: Path, dst_dir: Path, tree: Path) -> str:
+    """``text`` of a Markdown file moved from ``src_dir`` to ``dst_dir``: each relative link to a file outside
+    the copied ``tree`` (a row of docs/deviations.md, say, which a table links relative to where it was rendered)
+    made relative to the copy's folder; links inside the tree, absolute ones and URLs are left as they are."""
+    src_dir, dst_dir, tree = (Path(os.path.abspath(d)) for d in (src_dir, dst_dir, tree))
+
+    def fix(m: re.Match) -> str:
+        if "://" in m[2] or m[2].startswith(("/", "mailto:")):
+            return m[0]
+        target = Path(os.path.normpath(src_dir / m[2]))
+        if target.is_relative_to(tree):
+            return m[0]
+        return f"{m[1]}{Path(os.path.relpath(target, dst_dir)).as_posix()}{m[3] or ''}{m[4]}"
+
+    return _LINK.sub(fix, text)
+
+
+def copy_into_snapshot(src: Path, dst: Path, tree: Path) -> Path:
+    """Copy ``src`` (a file of the results ``tree``) to ``dst``, a Markdown file with its links out of the tree
+    still pointing where they did (relinked)."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if src.suffix == ".md":
+        dst.write_text(relinked(src.read_text(encoding="utf-8"), src.parent, dst.parent, tree), encoding="utf-8")
+    else:
+        shutil.copyfile(src, dst)
+    return dst
 
 
 def snapshot_files(config: dict) -> list[Path]:
@@ -196,9 +228,7 @@ def snapshot(config: dict, results: Path, out: Path, configfiles: list[str], wal
         shutil.rmtree(out)  # a snapshot is one run's: nothing of an older one stays beside it
     written = []
     for f in snapshot_files(config):
-        (out / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(results / f, out / f)
-        written.append(out / f)
+        written.append(copy_into_snapshot(results / f, out / f, results))
     commit = commit or git_commit()
     provenance = {study: study_provenance(results, study, commit, wall_time) for study in config["studies"]}
     return written + _write_index(config, out, configfiles, provenance, run_digests(config, results))
@@ -325,9 +355,7 @@ def snapshot_parts(config: dict, results: Path, out: Path, configfiles: list[str
     written = []
     for name in done:  # first: the stages kept from earlier calls must have trained with these choices
         for f in stage_files(name):
-            (out / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(results / f, out / f)
-            written.append(out / f)
+            written.append(copy_into_snapshot(results / f, out / f, results))
     kept = [name for name in stages_of(config) if name not in done and name in provenance["stages"]
             and all((out / f).is_file() for f in stage_files(name))
             and not stale_runs(stage_config(config, name), held, out)]
@@ -348,9 +376,7 @@ def snapshot_parts(config: dict, results: Path, out: Path, configfiles: list[str
             with tempfile.TemporaryDirectory() as tmp:
                 jobs, total = progress_table(config, study, table, results, Path(tmp) / table)
                 for f in progress_files(study, table) if jobs else []:
-                    (out / f).parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(Path(tmp) / f.name, out / f)
-                    written.append(out / f)
+                    written.append(copy_into_snapshot(Path(tmp) / f.name, out / f, Path(tmp)))
             if jobs:
                 progress[f"{study}/{table}"] = {"jobs": len(jobs), "of": total, "commit": commit}
                 digests |= {f"{study}/{s}/{m}": now[f"{study}/{s}/{m}"] for s, m in jobs}
@@ -424,9 +450,7 @@ def refresh(config: dict, results: Path, out: Path, studies: list[str], configfi
     digests |= run_digests(only, results)
     for f in snapshot_files(only):
         if f != SCORECARD:  # spliced above
-            (out / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(results / f, out / f)
-            written.append(out / f)
+            written.append(copy_into_snapshot(results / f, out / f, results))
     (out / SCORECARD).write_text(scorecard)
     return written + [out / SCORECARD] + _write_index(config, out, configfiles, provenance, digests)
 
