@@ -108,6 +108,7 @@ laptop-feddle-table5: $(VENV)/.installed fashion-mnist
 # D(0.1), 3 seeds (~5 core-hours estimated; SETTINGS="fm-d01-n5-cnn3 ..." runs only those columns' jobs)
 WIDTHS_CONFIG := config/laptop-feddle-table5-widths.yaml
 laptop-feddle-table5-widths: $(VENV)/.installed fashion-mnist
+	$(BIN)/python -m fedrepro.report.archive restore --configfile $(WIDTHS_CONFIG)
 	targets=$$($(BIN)/python -m fedrepro.jobs --configfile $(WIDTHS_CONFIG) --study feddle-table5-widths \
 	  $(if $(SETTINGS),--settings $(SETTINGS))) && $(BIN)/snakemake --cores $(CORES) $$targets \
 	  $(if $(SETTINGS),,results/laptop-feddle-table5-widths/scorecard.md) --configfile $(WIDTHS_CONFIG)
