@@ -91,7 +91,8 @@ TABLE5_PART = targets=$$($(BIN)/python -m fedrepro.jobs --configfile $(TABLE5_CO
 TABLE ?= table5
 # each part first puts back the finished seeds archived in the repository (runs-restore: a new machine resumes
 # where the last one stopped; one whose results root holds them already copies nothing)
-TABLE5_RESTORE = $(BIN)/python -m fedrepro.report.archive restore --configfile $(TABLE5_CONFIG)
+RESTORE = $(BIN)/python -m fedrepro.report.archive restore --configfile
+TABLE5_RESTORE = $(RESTORE) $(TABLE5_CONFIG)
 laptop-feddle-table5-tune-%: $(VENV)/.installed fashion-mnist
 	$(TABLE5_RESTORE)
 	$(BIN)/snakemake --cores $(CORES) $(TABLE5)/tuning/$*.md --configfile $(TABLE5_CONFIG)
@@ -108,7 +109,7 @@ laptop-feddle-table5: $(VENV)/.installed fashion-mnist
 # D(0.1), 3 seeds (~5 core-hours estimated; SETTINGS="fm-d01-n5-cnn3 ..." runs only those columns' jobs)
 WIDTHS_CONFIG := config/laptop-feddle-table5-widths.yaml
 laptop-feddle-table5-widths: $(VENV)/.installed fashion-mnist
-	$(BIN)/python -m fedrepro.report.archive restore --configfile $(WIDTHS_CONFIG)
+	$(RESTORE) $(WIDTHS_CONFIG)
 	targets=$$($(BIN)/python -m fedrepro.jobs --configfile $(WIDTHS_CONFIG) --study feddle-table5-widths \
 	  $(if $(SETTINGS),--settings $(SETTINGS))) && $(BIN)/snakemake --cores $(CORES) $$targets \
 	  $(if $(SETTINGS),,results/laptop-feddle-table5-widths/scorecard.md) --configfile $(WIDTHS_CONFIG)
@@ -126,7 +127,7 @@ RUNS_CONFIG ?= $(TABLE5_CONFIG)
 runs-save: $(VENV)/.installed
 	$(BIN)/python -m fedrepro.report.archive save --configfile $(RUNS_CONFIG)
 runs-restore: $(VENV)/.installed
-	$(BIN)/python -m fedrepro.report.archive restore --configfile $(RUNS_CONFIG)
+	$(RESTORE) $(RUNS_CONFIG)
 
 # copy a complete laptop-full run's scorecard, tables and figures into docs/results/laptop-full (WALL_TIME: as measured;
 # REFRESH=study ...: replace only those studies' files, from a run of them alone: docs/laptop-full.md)

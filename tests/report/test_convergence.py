@@ -198,13 +198,12 @@ def test_a_fine_tuning_cell_from_the_best_pre_trained_model_is_judged_by_the_bes
 def test_laptop_full_judges_figure_only_runs_by_their_figures_number_or_not_at_all():
     from support.common import laptop_full_config
 
-    from fedrepro.config import REPO, merge_configfiles, resolve_config
+    from fedrepro.config import REPO, command_config, resolve_config
     from fedrepro.report.figure_kinds import figure_spec
     from fedrepro.report.table_sources import table_spec
 
     studies = resolve_config(laptop_full_config())["studies"]
-    studies |= resolve_config(merge_configfiles("config/config.yaml", "config/laptop-feddle-table5.yaml",
-                                                root=REPO))["studies"]
+    studies |= command_config([str(REPO / "config" / "laptop-feddle-table5.yaml")])["studies"]
 
     def rules(name):
         study = studies[name]

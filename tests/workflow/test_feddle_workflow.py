@@ -166,11 +166,11 @@ def test_table5_center_runs_once_per_data_set_and_fills_its_columns_beside_the_p
 def test_laptop_table5_center_is_one_run_for_all_four_columns():
     """Center samples no client: one run fills the four columns of Table 5 (its other settings' runs only draw
     the curves), so the -d01/-d03 parts, which run a table's runs, train it once."""
-    from fedrepro.config import merge_configfiles
+    from fedrepro.config import command_config
     from fedrepro.study import table_cell_setting, table_runs
 
-    config = resolve_config(merge_configfiles("config/config.yaml", "config/laptop-feddle-table5.yaml", root=REPO))
-    table5 = config["studies"]["feddle-table5"]["tables"]["table5"]
+    study = command_config([str(REPO / "config" / "laptop-feddle-table5.yaml")])["studies"]["feddle-table5"]
+    table5 = study["tables"]["table5"]
     assert [s for s, m in table_runs(table5) if m == "center"] == ["fm-d01-n20"]
     center = next(r for r in table5["rows"] if r["method"] == "center")
     assert len(table5["columns"]) == 4 and {table_cell_setting(center, c) for c in table5["columns"]} == {"fm-d01-n20"}
