@@ -112,7 +112,7 @@ laptop-feddle-table5-widths: $(VENV)/.installed fashion-mnist
 	$(RESTORE) $(WIDTHS_CONFIG)
 	targets=$$($(BIN)/python -m fedrepro.jobs --configfile $(WIDTHS_CONFIG) --study feddle-table5-widths \
 	  $(if $(SETTINGS),--settings $(SETTINGS))) && $(BIN)/snakemake --cores $(CORES) $$targets \
-	  $(if $(SETTINGS),,results/laptop-feddle-table5-widths/scorecard.md) --configfile $(WIDTHS_CONFIG)
+	  $(if $(SETTINGS),,all) --configfile $(WIDTHS_CONFIG)
 # copy what has finished so far into docs/results/laptop-feddle-table5: the tuning stages (a later call adds the ones
 # since) and the tables from the jobs finished (fedrepro.report.progress); first, every finished seed into its
 # archive (runs-save), which a snapshot with no stage finished since would otherwise stop
